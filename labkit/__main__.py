@@ -1,0 +1,77 @@
+"""Command line: ``python -m labkit train|estimate ...`` with Megatron-LM style flags.
+
+    python -m labkit train --world-size 4 --micro-batch-size 2 --global-batch-size 16 --train-iters 10
+    torchrun --nproc-per-node 4 -m labkit train --micro-batch-size 2 --global-batch-size 16
+    python -m labkit estimate --world-size 1024 --num-layers 96 ...   (Megatron's memory/FLOPs estimate)
+
+Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def train_parser() -> argparse.ArgumentParser:
+    from .training import TrainConfig
+    ap = argparse.ArgumentParser(prog="python -m labkit train",
+                                 description="Train the course GPT with Megatron-LM's flags.")
+    ap.add_argument("--world-size", type=int, default=None,
+                    help="ranks to spawn (default: WORLD_SIZE under torchrun, else 1)")
+    ap.add_argument("--train-iters", "--steps", dest="steps", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    ap.add_argument("--log-interval", type=int, default=1)
+    for f in dataclasses.fields(TrainConfig):
+        if f.type in ("bool", bool):
+            ap.add_argument(_flag(f.name), dest=f.name, action="store_true", default=f.default)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], str)
+            ap.add_argument(_flag(f.name), dest=f.name, type=kind, default=f.default)
+    return ap
+
+
+def train_main(argv) -> int:
+    from .training import TrainConfig, train
+    args = vars(train_parser().parse_args(argv))
+    world = args.pop("world_size") or int(os.environ.get("WORLD_SIZE", 1))
+    steps, seed = args.pop("steps"), args.pop("seed")
+    backend, log_interval = args.pop("backend"), args.pop("log_interval")
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    config = {k: v for k, v in args.items() if v != defaults[k]}
+    try:
+        result = train(world_size=world, steps=steps, seed=seed, backend=backend,
+                       log_interval=log_interval, **config)
+    except ValueError as e:  # a bad layout: say which rule, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"final lm loss: {result.losses[-1]:.6f}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"train": train_main}
+    try:
+        from .calc import cli as calc_cli
+        commands["estimate"] = calc_cli.main
+        if hasattr(calc_cli, "plan_main"):
+            commands["plan"] = calc_cli.plan_main
+    except ImportError:
+        pass
+    if not argv or argv[0] not in commands:
+        print(f"usage: python -m labkit {{{','.join(commands)}}} [flags]   (--help after a command)",
+              file=sys.stderr)
+        return 2
+    return commands[argv[0]](argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Bytes each rank sends, per collective and per parallel strategy, and what that costs on a link.
+
+Chapter "Collectives" (ring algorithms, the alpha-beta model) and every strategy chapter (DP/ZeRO,
+TP, SP, CP, PP, EP). Counts are bytes SENT by one rank under the textbook ring algorithms
+(Patarasuk & Yuan 2009; Thakur et al. 2005). ``N`` is always the byte size of the full, unsharded
+tensor and ``n`` the group size; a group of one sends nothing.
+
+    all-reduce      = reduce-scatter + all-gather   2(n-1)/n * N
+    all-gather      (n-1)/n * N      each rank sends its N/n shard to n-1 peers (in n-1 ring hops)
+    reduce-scatter  (n-1)/n * N      each rank sends n-1 partial shards of size N/n
+    all-to-all      (n-1)/n * N      each rank keeps 1/n of its N and sends the rest
+
+Pure Python, no torch: the labs compare the bytes ``labkit.comm`` counts against these numbers.
+"""
+from __future__ import annotations
+
+
+def _check_group(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"group size must be a positive integer, got {n!r}")
+    return n
+
+
+def ring_all_reduce_bytes(n_bytes, n) -> float:
+    """Bytes one rank sends in a ring all-reduce of an N-byte tensor over n ranks: 2(n-1)/n * N."""
+    n = _check_group(n)
+    return 2.0 * (n - 1) / n * n_bytes
+
+
+def all_gather_bytes(n_bytes, n) -> float:
+    """Bytes one rank sends in a ring all-gather whose OUTPUT is N bytes: (n-1)/n * N."""
+    n = _check_group(n)
+    return (n - 1) / n * n_bytes
+
+
+def reduce_scatter_bytes(n_bytes, n) -> float:
+    """Bytes one rank sends in a ring reduce-scatter whose INPUT is N bytes: (n-1)/n * N."""
+    n = _check_group(n)
+    return (n - 1) / n * n_bytes
+
+
+def all_to_all_bytes(n_bytes, n) -> float:
+    """Bytes one rank sends in an all-to-all of its N-byte input: (n-1)/n * N (1/n stays home)."""
+    n = _check_group(n)
+    return (n - 1) / n * n_bytes
+
+
+# --------------------------------------------------------------------------- per strategy
+def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None) -> dict:
+    """Bytes one data-parallel rank sends per optimizer step, by collective (chapter "Data parallel").
+
+    P = ``param_bytes`` (all parameters of one replica), G = ``grad_bytes`` (defaults to P: the
+    labs train in fp32, so gradients have the parameters' size).
+
+    - stage 0 (plain DP):    all-reduce the gradients                  {"all_reduce": 2(n-1)/n G}
+    - stage 1, 2 (ZeRO-1/2): reduce-scatter the gradients, each rank updates its shard, then
+      all-gather the updated parameters  {"reduce_scatter": (n-1)/n G, "all_gather": (n-1)/n P}
+    - stage 3 (ZeRO-3/FSDP): reduce-scatter the gradients; parameters are all-gathered twice per
+      step, once for the forward and once for the backward, and never after the step, since each
+      rank keeps only its shard   {"reduce_scatter": (n-1)/n G, "all_gather": 2(n-1)/n P}
+
+    Stage 1/2 move the same bytes as plain DP (Rajbhandari et al. 2020, Sec. 7); stage 3 moves 1.5x.
+    """
+    g = param_bytes if grad_bytes is None else grad_bytes
+    if zero_stage == 0:
+        return {"all_reduce": ring_all_reduce_bytes(g, dp)}
+    if zero_stage in (1, 2):
+        return {"reduce_scatter": reduce_scatter_bytes(g, dp), "all_gather": all_gather_bytes(param_bytes, dp)}
+    if zero_stage == 3:
+        return {"reduce_scatter": reduce_scatter_bytes(g, dp),
+                "all_gather": 2 * all_gather_bytes(param_bytes, dp)}
+    raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+
+
+def tp_layer_bytes(seq_length, micro_batch_size, hidden_size, tp, bytes_per_element=4,
+                   sequence_parallel=False) -> dict:
+    """Bytes one TP rank sends per transformer layer per microbatch, forward + backward.
+
+    The activation exchanged is the full [s, b, h] tensor, N = s*b*h*bytes (chapter "Tensor
+    parallel", Shoeybi et al. 2019, Fig. 4):
+
+    - TP: forward all-reduces after ``linear_proj`` and ``linear_fc2`` (operator g); backward
+      all-reduces the input gradients before ``linear_qkv`` and ``linear_fc1`` (operator f):
+      4 all-reduces          -> {"all_reduce": 4 * 2(t-1)/t * N}
+    - TP+SP (Korthikanti et al. 2022, Sec. 4.2.2): each all-reduce becomes an all-gather into the
+      column-parallel linear and a reduce-scatter out of the row-parallel one. Forward: 2
+      all-gathers + 2 reduce-scatters; backward the conjugates, 2 reduce-scatters + 2 all-gathers
+                             -> {"all_gather": 4 (t-1)/t N, "reduce_scatter": 4 (t-1)/t N}
+      Same bytes as TP. (Megatron-LM additionally re-gathers the sequence-sharded input in the
+      backward for the weight gradient instead of keeping it; that extra all-gather is not counted.)
+    """
+    n_bytes = seq_length * micro_batch_size * hidden_size * bytes_per_element
+    if sequence_parallel:
+        return {"all_gather": 4 * all_gather_bytes(n_bytes, tp),
+                "reduce_scatter": 4 * reduce_scatter_bytes(n_bytes, tp)}
+    return {"all_reduce": 4 * ring_all_reduce_bytes(n_bytes, tp)}
+
+
+def pp_step_bytes(seq_length, micro_batch_size, hidden_size, num_microbatches, pp, stage,
+                  bytes_per_element=4, virtual_pipeline_size=1) -> dict:
+    """Bytes pipeline rank ``stage`` sends per optimizer step (chapter "Pipeline parallel").
+
+    Every microbatch crosses every boundary between consecutive model chunks: activations
+    [s, b, h] forward, their gradients (same shape) backward. With ``virtual_pipeline_size`` = v
+    the rank holds v chunks at global positions ``j*pp + stage``; a chunk sends forward unless it
+    is the very last chunk and backward unless it is the very first.
+
+        {"send_forward": m * k_fwd * N, "send_backward": m * k_bwd * N},  N = s*b*h*bytes
+    """
+    if not 0 <= stage < pp:
+        raise ValueError(f"stage must be in [0, pp={pp}), got {stage}")
+    v = virtual_pipeline_size
+    n_bytes = seq_length * micro_batch_size * hidden_size * bytes_per_element
+    chunks = [j * pp + stage for j in range(v)]
+    k_fwd = sum(1 for c in chunks if c != v * pp - 1)
+    k_bwd = sum(1 for c in chunks if c != 0)
+    return {"send_forward": float(num_microbatches * k_fwd * n_bytes),
+            "send_backward": float(num_microbatches * k_bwd * n_bytes)}
+
+
+def cp_layer_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_per_element=4) -> dict:
+    """Bytes one CP rank sends per layer per microbatch in ring attention (chapter "Context parallel").
+
+    Each rank holds s/cp tokens; the forward passes its K and V chunks (2 * s/cp * b * kv_hidden)
+    cp-1 hops round the ring; the backward passes K, V again and their gradients dK, dV: 3x the
+    forward. ``kv_hidden_size`` = kv_channels * num_query_groups (= h without GQA).
+    """
+    _check_group(cp)
+    kv_chunk = 2 * (seq_length / cp) * micro_batch_size * kv_hidden_size * bytes_per_element
+    return {"send_recv": 3.0 * (cp - 1) * kv_chunk}
+
+
+def ep_layer_bytes(seq_length, micro_batch_size, hidden_size, ep, moe_router_topk=1,
+                   bytes_per_element=4) -> dict:
+    """Bytes one EP rank sends per MoE layer per microbatch (chapter "Expert parallel").
+
+    The rank's s*b tokens, each copied to its top-k experts (N = s*b*k*h*bytes), go out in an
+    all-to-all (dispatch) and come back in another (combine); the backward repeats both for the
+    gradients: 4 all-to-alls, assuming tokens spread evenly over experts.
+    """
+    n_bytes = seq_length * micro_batch_size * moe_router_topk * hidden_size * bytes_per_element
+    return {"all_to_all": 4 * all_to_all_bytes(n_bytes, ep)}
+
+
+# --------------------------------------------------------------------------- time on a link
+def ring_steps(op: str, n: int) -> int:
+    """Number of sequential ring hops (each paying the latency alpha) of a collective."""
+    n = _check_group(n)
+    if n == 1:
+        return 0
+    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
+            "all_to_all": n - 1, "send_recv": 1, "send_forward": 1, "send_backward": 1}[op]
+
+
+def alpha_beta_time(n_bytes_sent, bandwidth, latency=0.0, steps=1) -> float:
+    """Time of a transfer in the alpha-beta model: steps * alpha + bytes / beta (seconds).
+
+    ``bandwidth`` in bytes/s per direction of the rank's link, ``latency`` (alpha) in seconds.
+    """
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+    return steps * latency + n_bytes_sent / bandwidth
+
+
+def collective_time(op, n_bytes, n, bandwidth, latency=0.0) -> float:
+    """Alpha-beta time of one ring collective on N bytes over n ranks, e.g. ("all_reduce", ...)."""
+    sent = {"all_reduce": ring_all_reduce_bytes, "all_gather": all_gather_bytes,
+            "reduce_scatter": reduce_scatter_bytes, "all_to_all": all_to_all_bytes}[op](n_bytes, n)
+    return alpha_beta_time(sent, bandwidth, latency, ring_steps(op, n))

@@ -1,0 +1,250 @@
+"""Frozen configurations with Megatron-LM's argument names, and Megatron's validity rules.
+
+Chapter "Why parallelism" and "Planning a run". A ``ModelConfig`` says what is trained, a
+``ParallelConfig`` how it is laid out on ``world_size`` GPUs, a ``PrecisionConfig`` how many bytes
+each kind of tensor takes. Field names are Megatron-LM's (``--num-layers`` -> ``num_layers``), and
+defaults are filled in the way ``megatron/training/arguments.py`` fills them (ffn 4h, or
+int(8h/3/64)*64 with SwiGLU; kv_channels h/a; MoE ffn = ffn).
+
+``validate(model, parallel)`` applies Megatron's rules; each broken rule is a ``ValueError`` that
+names the rule and the numbers. Pure Python: runs in the browser too (Pyodide).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+def _pos_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT-style decoder (Megatron ``GPTModel``). None means "Megatron's default"."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int = 2048
+    vocab_size: int = 51200
+    num_query_groups: int | None = None        # None = multi-head attention (no GQA)
+    ffn_hidden_size: int | None = None         # None = 4h, or int(8h/3 / 64)*64 with SwiGLU
+    kv_channels: int | None = None             # None = h / a
+    make_vocab_size_divisible_by: int = 128
+    swiglu: bool = False
+    normalization: str = "LayerNorm"           # or "RMSNorm" (no bias)
+    add_bias_linear: bool = True               # biases of linear layers (labkit's own count only)
+    position_embedding_type: str = "learned_absolute"   # or "rope" (no position table)
+    untie_embeddings_and_output_weights: bool = False
+    num_experts: int | None = None             # None = dense MLPs
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int | None = None     # None = ffn_hidden_size
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int = 1                    # every k-th layer is MoE
+    name: str = ""
+
+    def __post_init__(self):
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
+                  "make_vocab_size_divisible_by", "moe_router_topk", "moe_layer_freq"):
+            _pos_int(f, getattr(self, f))
+        for f in ("num_query_groups", "ffn_hidden_size", "kv_channels", "num_experts",
+                  "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+            _pos_int(f, getattr(self, f), allow_none=True)
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            raise ValueError(f"normalization must be LayerNorm or RMSNorm, got {self.normalization!r}")
+        if self.position_embedding_type not in ("learned_absolute", "rope", "none"):
+            raise ValueError(f"unknown position_embedding_type {self.position_embedding_type!r}")
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"rule: hidden_size divisible by num_attention_heads when kv_channels "
+                             f"is not given; {self.hidden_size} % {self.num_attention_heads} != 0")
+        if self.num_query_groups is not None and self.num_attention_heads % self.num_query_groups:
+            raise ValueError(f"rule: num_attention_heads divisible by num_query_groups; "
+                             f"{self.num_attention_heads} % {self.num_query_groups} != 0")
+        if self.num_experts is not None and self.moe_router_topk > self.num_experts:
+            raise ValueError(f"rule: moe_router_topk <= num_experts; "
+                             f"{self.moe_router_topk} > {self.num_experts}")
+        # Megatron's defaults (arguments.py), filled in place like Megatron does.
+        h = self.hidden_size
+        if self.ffn_hidden_size is None:
+            ffn = int((4 * h * 2 / 3) / 64) * 64 if self.swiglu else 4 * h
+            object.__setattr__(self, "ffn_hidden_size", ffn)
+        if self.kv_channels is None:
+            object.__setattr__(self, "kv_channels", h // self.num_attention_heads)
+        if self.num_experts is not None and self.moe_ffn_hidden_size is None:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+
+    @property
+    def query_groups(self) -> int:
+        """Number of K/V heads: num_query_groups with GQA, else num_attention_heads."""
+        return self.num_query_groups or self.num_attention_heads
+
+    def padded_vocab_size(self, tp: int = 1) -> int:
+        """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by * tp."""
+        multiple = self.make_vocab_size_divisible_by * tp
+        return math.ceil(self.vocab_size / multiple) * multiple
+
+    def moe_layers(self) -> list:
+        """1 for each MoE layer, 0 for dense (Megatron's ``moe_layer_freq`` pattern)."""
+        if self.num_experts is None:
+            return [0] * self.num_layers
+        return [1 if i % self.moe_layer_freq == 0 else 0 for i in range(self.num_layers)]
+
+    def with_(self, **changes) -> "ModelConfig":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How ``world_size`` GPUs are used. ``global_batch_size`` None = micro * dp (no accumulation).
+
+    ``zero_stage``: labkit's ZeRO stage over the DP x CP group (0 none, 1 optimizer states,
+    2 + gradients, 3 + parameters). ``use_distributed_optimizer`` is Megatron's name for stage 1.
+    """
+
+    world_size: int = 1
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    use_distributed_optimizer: bool = False
+    zero_stage: int = 0
+    recompute_granularity: str | None = None   # None, "selective" or "full"
+
+    def __post_init__(self):
+        for f in ("world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                  "context_parallel_size", "expert_model_parallel_size", "micro_batch_size"):
+            _pos_int(f, getattr(self, f))
+        _pos_int("num_layers_per_virtual_pipeline_stage",
+                 self.num_layers_per_virtual_pipeline_stage, allow_none=True)
+        _pos_int("global_batch_size", self.global_batch_size, allow_none=True)
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.recompute_granularity not in (None, "selective", "full"):
+            raise ValueError(f"recompute_granularity must be None, 'selective' or 'full', "
+                             f"got {self.recompute_granularity!r}")
+        tp, pp, cp = (self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
+                      self.context_parallel_size)
+        if self.world_size % (tp * pp * cp):
+            raise ValueError(f"rule: world_size divisible by TP*PP*CP; {self.world_size} is not "
+                             f"divisible by {tp}*{pp}*{cp} = {tp * pp * cp}")
+
+    # paper names (Narayanan et al. 2021): t, p, d; plus c (CP) and e (EP)
+    @property
+    def tp(self): return self.tensor_model_parallel_size
+    @property
+    def pp(self): return self.pipeline_model_parallel_size
+    @property
+    def cp(self): return self.context_parallel_size
+    @property
+    def ep(self): return self.expert_model_parallel_size
+    @property
+    def dp(self) -> int:
+        """data_parallel_size = world_size / (TP * PP * CP), as in Megatron's arguments.py."""
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def gbs(self) -> int:
+        return self.global_batch_size or self.micro_batch_size * self.dp
+
+    @property
+    def optimizer_shard_stage(self) -> int:
+        """Effective ZeRO stage: the distributed optimizer counts as stage 1."""
+        return max(self.zero_stage, 1 if self.use_distributed_optimizer else 0)
+
+    def with_(self, **changes) -> "ParallelConfig":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Bytes per element of parameters, gradients, optimizer states (per parameter) and activations.
+
+    Mixed precision with Adam (Rajbhandari et al. 2020, Sec. 3.1): 2 (16-bit weights) + 2 (16-bit
+    grads) + 12 (fp32 master weights, momentum, variance) = 16 B; Megatron keeps fp32 main
+    gradients, 2 + 4 + 12 = 18 B. The labs train in fp32: 4 + 4 + 8 = 16 B.
+    """
+
+    bytes_param: int = 2
+    bytes_grad: int = 4
+    bytes_optim: int = 12
+    bytes_activation: int = 2
+    name: str = "bf16 + fp32 grads (Megatron)"
+
+    @property
+    def bytes_per_param(self) -> int:
+        return self.bytes_param + self.bytes_grad + self.bytes_optim
+
+
+MIXED_18 = PrecisionConfig()
+MIXED_16 = PrecisionConfig(2, 2, 12, 2, "bf16 + bf16 grads (ZeRO paper)")
+FP32 = PrecisionConfig(4, 4, 8, 4, "fp32 (labs)")
+PRECISIONS = {"mixed18": MIXED_18, "mixed16": MIXED_16, "fp32": FP32}
+
+
+def virtual_pipeline_size(model: ModelConfig, par: ParallelConfig) -> int:
+    """v = (layers per stage) / (layers per virtual stage); 1 without interleaving."""
+    if par.num_layers_per_virtual_pipeline_stage is None:
+        return 1
+    return (model.num_layers // par.pp) // par.num_layers_per_virtual_pipeline_stage
+
+
+def validate(model: ModelConfig, par: ParallelConfig) -> list:
+    """Raise ValueError for the first broken Megatron rule; return a list of warnings."""
+    tp, pp, cp, ep, dp = par.tp, par.pp, par.cp, par.ep, par.dp
+    if model.num_attention_heads % tp:
+        raise ValueError(f"rule: num_attention_heads divisible by TP; "
+                         f"{model.num_attention_heads} % {tp} != 0")
+    if model.query_groups % tp:
+        raise ValueError(f"rule: num_query_groups divisible by TP; {model.query_groups} % {tp} != 0")
+    for name in ("ffn_hidden_size", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+        size = getattr(model, name)
+        if size is not None and size % tp:
+            raise ValueError(f"rule: {name} divisible by TP (column-parallel fc1); {size} % {tp} != 0")
+    if model.num_layers % pp:
+        raise ValueError(f"rule: num_layers divisible by PP; {model.num_layers} % {pp} != 0")
+    vl = par.num_layers_per_virtual_pipeline_stage
+    if vl is not None:
+        if pp == 1:
+            raise ValueError(f"rule: the interleaved schedule needs PP > 1; "
+                             f"num_layers_per_virtual_pipeline_stage={vl} with PP=1")
+        if (model.num_layers // pp) % vl:
+            raise ValueError(f"rule: layers per pipeline stage divisible by layers per virtual "
+                             f"stage; {model.num_layers // pp} % {vl} != 0")
+    mb = par.micro_batch_size
+    if par.gbs % (mb * dp):
+        raise ValueError(f"rule: global_batch_size divisible by micro_batch_size * DP; "
+                         f"{par.gbs} % ({mb} * {dp}) != 0")
+    m = par.gbs // (mb * dp)
+    if vl is not None and virtual_pipeline_size(model, par) > 1 and m % pp:
+        raise ValueError(f"rule: with interleaving, num_microbatches divisible by PP; "
+                         f"{m} % {pp} != 0")
+    if cp > 1 and model.seq_length % (2 * cp):
+        raise ValueError(f"rule: seq_length divisible by 2*CP; {model.seq_length} % {2 * cp} != 0")
+    if ep > 1 and model.num_experts is None:
+        raise ValueError(f"rule: expert_model_parallel_size > 1 needs num_experts; EP={ep}")
+    if model.num_experts is not None and model.num_experts % ep:
+        raise ValueError(f"rule: num_experts divisible by EP; {model.num_experts} % {ep} != 0")
+    if ep > 1 and (dp * cp) % ep:
+        raise ValueError(f"rule: EP divides DP*CP (experts are spread over data-parallel ranks); "
+                         f"{dp}*{cp} % {ep} != 0")
+    warnings = []
+    if par.sequence_parallel and tp == 1:
+        warnings.append("sequence_parallel with TP=1 is a no-op (Megatron turns it off)")
+    if vl is not None and virtual_pipeline_size(model, par) == 1:
+        warnings.append("num_layers_per_virtual_pipeline_stage equals the layers per stage: "
+                        "v=1, no interleaving")
+    return warnings
+
+
+def num_microbatches(model: ModelConfig, par: ParallelConfig) -> int:
+    """global_batch_size / (micro_batch_size * DP): the gradient-accumulation steps."""
+    validate(model, par)
+    return par.gbs // (par.micro_batch_size * par.dp)

@@ -1,0 +1,87 @@
+"""GPUs and clusters: peak FLOP/s, memory, link bandwidths (chapters "Collectives", "Planning a run").
+
+Peak dense 16-bit tensor-core FLOP/s from NVIDIA's datasheets (V100 SXM2 125 TFLOP/s, A100 312,
+H100 SXM 989, H200 989); the seed notes quote 125 (V100) and 312 (A100). Bandwidths are bytes/s
+per direction: ``intra_node_bandwidth`` per GPU (NVLink), ``inter_node_bandwidth`` per NODE (all
+its NICs together, shared by its GPUs). Seed notes 000/002: NVIDIA's cluster "300GBps intra-node
+and 800Gbps inter-node", Jean Zay "50GBps intra-node and 400Gbps inter-node" (4x V100-32GB
+nodes). The Narayanan et al. 2021 cluster (Selene) is DGX A100: NVSwitch, 300 GB/s per direction
+per GPU, and eight 200 Gb/s HDR InfiniBand HCAs per node, 1600 Gb/s, twice the notes' figure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    peak_flops: float          # dense 16-bit tensor-core FLOP/s
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs; alpha-beta link parameters."""
+
+    gpu: GPU
+    gpus_per_node: int
+    nodes: int = 1
+    intra_node_bandwidth: float = 300e9      # bytes/s per GPU per direction
+    inter_node_bandwidth: float = 200e9      # bytes/s per node per direction
+    intra_node_latency: float = 5e-6
+    inter_node_latency: float = 10e-6
+    name: str = ""
+
+    def __post_init__(self):
+        for f in ("gpus_per_node", "nodes"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{f} must be a positive integer, got {v!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    def with_(self, **changes) -> "Cluster":
+        return replace(self, **changes)
+
+    def link(self, group_span: int):
+        """(bandwidth per rank, latency) of a group whose ranks span ``group_span`` consecutive ranks.
+
+        A group inside one node uses NVLink: its span divides the node size, so groups do not
+        straddle nodes. A group that leaves the node shares the node's NICs with the node's other
+        GPUs, which (in every layout) communicate at the same time.
+        """
+        if self.gpus_per_node % group_span == 0:
+            return self.intra_node_bandwidth, self.intra_node_latency
+        return self.inter_node_bandwidth / self.gpus_per_node, self.inter_node_latency
+
+
+GPUS = {
+    "V100-32GB": GPU("V100-32GB", 125e12, 32 * GIB),
+    "A100-80GB": GPU("A100-80GB", 312e12, 80 * GIB),
+    "H100-80GB": GPU("H100-80GB", 989e12, 80 * GIB),
+    "H200-141GB": GPU("H200-141GB", 989e12, 141e9),
+}
+
+CLUSTERS = {
+    # Narayanan et al. 2021 (Selene, DGX A100): NVSwitch + 8 x 200 Gb/s HDR per node
+    "dgx-a100": Cluster(GPUS["A100-80GB"], 8, 1, 300e9, 8 * 200e9 / 8, name="dgx-a100"),
+    # the seed notes' figures for NVIDIA's cluster: 300 GB/s intra, 800 Gb/s inter
+    "notes-dgx": Cluster(GPUS["A100-80GB"], 8, 1, 300e9, 800e9 / 8, name="notes-dgx"),
+    # Jean Zay, per the seed notes: 4 x V100-32GB per node, 50 GB/s intra, 400 Gb/s inter
+    "jean-zay-v100": Cluster(GPUS["V100-32GB"], 4, 1, 50e9, 400e9 / 8, name="jean-zay-v100"),
+    # DGX H100 / H200: NVLink 4 (450 GB/s per direction), 8 x 400 Gb/s per node
+    "dgx-h100": Cluster(GPUS["H100-80GB"], 8, 1, 450e9, 8 * 400e9 / 8, name="dgx-h100"),
+    "dgx-h200": Cluster(GPUS["H200-141GB"], 8, 1, 450e9, 8 * 400e9 / 8, name="dgx-h200"),
+}
+
+
+def cluster(name: str, nodes: int = 1) -> Cluster:
+    """A preset cluster with ``nodes`` nodes."""
+    if name not in CLUSTERS:
+        raise ValueError(f"unknown cluster {name!r}; choose one of {sorted(CLUSTERS)}")
+    return CLUSTERS[name].with_(nodes=nodes)

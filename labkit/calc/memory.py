@@ -1,0 +1,149 @@
+"""Memory per GPU: weights, gradients, optimizer states and activations, for every pipeline stage.
+
+Chapter "Why parallelism: memory and compute". This is labkit's own, fuller model; Megatron-LM's
+own estimate is reproduced exactly in ``megatron.py`` and the chapter explains the differences:
+here activations are divided by CP, optimizer states (and with ZeRO-2/3 gradients and
+parameters) are sharded over DP*CP, expert parameters over EP, every stage is computed (the first
+holds the most in-flight microbatches, first/last hold the embeddings), and recompute may be
+none, selective or full.
+"""
+from __future__ import annotations
+
+import math
+
+from .config import (MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, num_microbatches,
+                     virtual_pipeline_size)
+from .params import stage_params
+
+
+def zero_memory_per_rank(num_params, dp, zero_stage, bytes_param=4, bytes_grad=4, bytes_optim=8) -> dict:
+    """Bytes of {"params", "grads", "optimizer"} on one rank under ZeRO stage 0-3 over dp ranks.
+
+    Rajbhandari et al. 2020 (ZeRO), Fig. 1: stage 1 shards optimizer states, stage 2 also the
+    gradients, stage 3 also the parameters. Padding rule: the flat buffer is padded to a multiple
+    of dp so that all shards are equal, so a sharded quantity takes ceil(num_params/dp) elements.
+    Defaults are the labs' fp32 AdamW (4 + 4 + 8 B); mixed precision is 2, 2 (or 4), 12.
+    """
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp must be a positive integer, got {dp!r}")
+    shard = math.ceil(num_params / dp)
+    return {"params": (shard if zero_stage >= 3 else num_params) * bytes_param,
+            "grads": (shard if zero_stage >= 2 else num_params) * bytes_grad,
+            "optimizer": (shard if zero_stage >= 1 else num_params) * bytes_optim}
+
+
+def activation_bytes_per_layer(seq_length, micro_batch_size, hidden_size, num_attention_heads, tp=1,
+                               sequence_parallel=False, recompute=None) -> float:
+    """Activation bytes one transformer layer keeps for the backward, 16-bit, on one TP rank.
+
+    Korthikanti et al. 2022, Table 2 (s, b, h, a, t; dropout masks 1 byte, ffn = 4h):
+      no parallelism      s*b*h*(34 + 5*a*s/h)
+      TP                  s*b*h*(10 + 24/t + 5*a*s/(h*t))
+      TP + SP             s*b*h*(34/t + 5*a*s/(h*t))
+      selective recompute drops the 5*a*s/h attention term; full recompute keeps only the
+      layer input, 2*s*b*h (divided by t with SP).
+    """
+    s, b, h, a, t = seq_length, micro_batch_size, hidden_size, num_attention_heads, tp
+    if recompute not in (None, "selective", "full"):
+        raise ValueError(f"recompute must be None, 'selective' or 'full', got {recompute!r}")
+    sp = sequence_parallel and t > 1
+    if recompute == "full":
+        return 2.0 * s * b * h / (t if sp else 1)
+    attn = 0.0 if recompute == "selective" else 5.0 * a * s / (h * t)
+    linear = 34.0 / t if sp else 10.0 + 24.0 / t
+    return s * b * h * (linear + attn)
+
+
+def layer_activation_bytes(model: ModelConfig, par: ParallelConfig, bytes_act=2, dropout=True,
+                           attention="math") -> float:
+    """Korthikanti's count generalised: any element size, GQA, SwiGLU, optional dropout, CP.
+
+    Per token (s*b tokens, s/cp with CP) a layer saves, in elements: the inputs of both norms and
+    of linear_qkv and linear_fc1 (4h, replicated across TP unless SP), Q, K, V and the input of
+    linear_proj (2q + 2kv), the activation input (f, or 2f with SwiGLU) and the input of
+    linear_fc2 (f); plus two 1-byte dropout masks (h each). Attention ("math") saves the softmax
+    output, the dropout output and mask: a*s per token each; "flash" saves only the output (q)
+    and the log-sum-exp (a fp32 values). With ffn = 4h, 16-bit and dropout this is exactly
+    ``activation_bytes_per_layer``.
+    """
+    s, b = model.seq_length / par.cp, par.micro_batch_size
+    h, a, f, t = model.hidden_size, model.num_attention_heads, model.ffn_hidden_size, par.tp
+    q, kv = model.kv_channels * a, model.kv_channels * model.query_groups
+    sp = par.sequence_parallel and t > 1
+    rec = par.recompute_granularity
+    if rec == "full":
+        return s * b * h * bytes_act / (t if sp else 1)
+    mask = 1 if dropout else 0
+    replicated = 4 * h * bytes_act + 2 * h * mask
+    sharded = (2 * q + 2 * kv + (2 * f if model.swiglu else f) + f) * bytes_act
+    if rec == "selective":
+        attn = 0.0
+    elif attention == "flash":
+        attn = q * bytes_act + a * 4
+    else:  # softmax output, dropout output and its mask: a*s_k each, s_k = full sequence
+        attn = a * model.seq_length * (bytes_act * (2 if dropout else 1) + mask)
+    per_token = (replicated / t if sp else replicated) + (sharded + attn) / t
+    return s * b * per_token
+
+
+def in_flight_microbatches(model: ModelConfig, par: ParallelConfig, stage: int) -> float:
+    """Microbatches (in units of a full stage's layers) whose activations a stage holds at peak.
+
+    1F1B: stage i runs pp - i warm-up forwards before its first backward, so holds min(pp-i, m).
+    Interleaved (Megatron's schedule): rank i runs (pp-i-1)*2 + (v-1)*pp warm-up chunk-forwards
+    plus one, each of 1/v of its layers; for stage 0 this is pp*(1 + (pp-1)/(pp*v)), the
+    "interleaved memory penalty" of Megatron's estimate.
+    """
+    m, pp, v = num_microbatches(model, par), par.pp, virtual_pipeline_size(model, par)
+    if v == 1:
+        return float(min(pp - stage, m))
+    chunks = min((pp - stage - 1) * 2 + (v - 1) * pp + 1, m * v)
+    return chunks / v
+
+
+def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: PrecisionConfig = MIXED_18,
+                     dropout=True, attention="math") -> list:
+    """Bytes on one GPU of each pipeline stage: params, grads, optimizer, activations, total.
+
+    ZeRO stage (``zero_stage``, or 1 for ``use_distributed_optimizer``) shards over DP*CP for
+    dense parameters and over DP*CP/EP for expert parameters (each expert lives on DP*CP/EP ranks).
+    Activations: in-flight microbatches x layers on the stage x ``layer_activation_bytes``; the
+    first stage adds the embedding dropout mask, the last the final norm's input and output and
+    the fp32 log-softmax of the logits (the cross-entropy), for one microbatch: with 16-bit
+    activations 4sbh + 4sbV, as in Megatron's estimate.
+    """
+    from .config import validate
+    validate(model, par)
+    stage_zero = par.optimizer_shard_stage
+    dp_cp = par.dp * par.cp
+    bp, bg, bo = precision.bytes_param, precision.bytes_grad, precision.bytes_optim
+    out = []
+    for stage in range(par.pp):
+        c = stage_params(model, par, stage)
+        d = zero_memory_per_rank(c["dense"], dp_cp, stage_zero, bp, bg, bo)
+        e = zero_memory_per_rank(c["expert"], max(1, dp_cp // par.ep), stage_zero, bp, bg, bo)
+        layers = model.num_layers // par.pp
+        act = layers * layer_activation_bytes(model, par, precision.bytes_activation, dropout,
+                                              attention) * in_flight_microbatches(model, par, stage)
+        sb = model.seq_length / par.cp * par.micro_batch_size
+        if stage == 0 and dropout:  # the embedding dropout's 1-byte mask, per in-flight microbatch
+            act += sb * model.hidden_size * in_flight_microbatches(model, par, 0)
+        if stage == par.pp - 1:  # final norm input and output; fp32 log-softmax of the logits
+            vocab = model.padded_vocab_size(par.tp) / par.tp
+            act += sb * (2 * model.hidden_size * precision.bytes_activation + 4 * vocab)
+        if par.recompute_granularity == "full":  # one layer is recomputed at a time, in full
+            act += layer_activation_bytes(model, par.with_(recompute_granularity=None),
+                                          precision.bytes_activation, dropout, attention)
+        row = {"stage": stage, "params": d["params"] + e["params"], "grads": d["grads"] + e["grads"],
+               "optimizer": d["optimizer"] + e["optimizer"], "activations": act,
+               "num_params": c["dense"] + c["expert"]}
+        row["total"] = row["params"] + row["grads"] + row["optimizer"] + row["activations"]
+        out.append(row)
+    return out
+
+
+def peak_memory(model, par, precision=MIXED_18, **kw) -> float:
+    """The largest per-GPU total over all pipeline stages."""
+    return max(r["total"] for r in memory_per_stage(model, par, precision, **kw))

@@ -1,0 +1,109 @@
+"""Parameter counts, exact, in Megatron's module layout (labkit's own model; chapter "Why parallelism").
+
+One transformer layer of ``labkit.model`` / Megatron ``GPTModel`` holds
+
+    input_layernorm        h (RMSNorm) or 2h (LayerNorm: weight + bias)
+    linear_qkv             h*(q + 2kv) + bias (q + 2kv)     q = kv_channels*a, kv = kv_channels*g
+    linear_proj            q*h + bias h
+    pre_mlp_layernorm      h or 2h
+    mlp.linear_fc1         h*f*k + bias f*k                 k = 2 with SwiGLU (gate and up), else 1
+    mlp.linear_fc2         f*h + bias h
+    (MoE layer: router h*E, then E experts each fc1 + fc2 with moe_ffn, plus a shared expert)
+
+Under TP (Shoeybi et al. 2019) column-parallel weights and biases (qkv, fc1) and row-parallel
+weights (proj, fc2) are split t ways; row-parallel biases and norms are replicated. Expert
+weights are split over EP as well. Megatron's own estimate (``megatron.py``) ignores biases and
+position embeddings; this count does not, so it matches ``sum(p.numel())`` of the real model.
+"""
+from __future__ import annotations
+
+from .config import ModelConfig, ParallelConfig, virtual_pipeline_size
+
+
+def _norm(model: ModelConfig) -> int:
+    return (2 if model.normalization == "LayerNorm" else 1) * model.hidden_size
+
+
+def _mlp(model: ModelConfig, ffn: int, tp: int) -> int:
+    """fc1 (column-parallel) + fc2 (row-parallel) on one TP rank."""
+    h, k, bias = model.hidden_size, (2 if model.swiglu else 1), model.add_bias_linear
+    fc1 = (h * ffn * k + (ffn * k if bias else 0)) // tp
+    fc2 = ffn * h // tp + (h if bias else 0)
+    return fc1 + fc2
+
+
+def layer_params(model: ModelConfig, tp: int = 1, ep: int = 1, moe: bool = False) -> dict:
+    """Parameters of one layer on one rank, split into "dense" (sharded by ZeRO over DP*CP) and
+    "expert" (sharded over the expert-data-parallel ranks)."""
+    h, bias = model.hidden_size, model.add_bias_linear
+    q = model.kv_channels * model.num_attention_heads
+    kv = model.kv_channels * model.query_groups
+    qkv = (h * (q + 2 * kv) + ((q + 2 * kv) if bias else 0)) // tp
+    proj = q * h // tp + (h if bias else 0)
+    dense = 2 * _norm(model) + qkv + proj
+    expert = 0
+    if not moe:
+        dense += _mlp(model, model.ffn_hidden_size, tp)
+    else:
+        dense += h * model.num_experts  # router, replicated
+        if model.moe_shared_expert_intermediate_size:
+            dense += _mlp(model, model.moe_shared_expert_intermediate_size, tp)
+        expert = (model.num_experts // ep) * _mlp(model, model.moe_ffn_hidden_size, tp)
+    return {"dense": dense, "expert": expert}
+
+
+def embedding_params(model: ModelConfig, tp: int = 1) -> int:
+    """Word embeddings (vocab-parallel, split by TP) plus learned positions (replicated)."""
+    word = model.padded_vocab_size(tp) * model.hidden_size // tp
+    pos = model.seq_length * model.hidden_size if model.position_embedding_type == "learned_absolute" else 0
+    return word + pos
+
+
+def stage_layers(model: ModelConfig, par: ParallelConfig, stage: int) -> list:
+    """Indices of the layers pipeline rank ``stage`` holds (v chunks at positions j*pp + stage)."""
+    v = virtual_pipeline_size(model, par)
+    per_chunk = model.num_layers // (par.pp * v)
+    out = []
+    for j in range(v):
+        start = (j * par.pp + stage) * per_chunk
+        out.extend(range(start, start + per_chunk))
+    return out
+
+
+def stage_params(model: ModelConfig, par: ParallelConfig, stage: int) -> dict:
+    """Parameters on one rank of pipeline stage ``stage``: {"dense": ..., "expert": ...}.
+
+    Stage 0 holds the embeddings; the last stage the final norm and the output layer. With tied
+    embeddings and PP > 1 the last stage keeps its own copy of the word embeddings (Megatron
+    all-reduces the two copies' gradients), so both ends hold V*h/t.
+    """
+    tp, ep, pattern = par.tp, par.ep, model.moe_layers()
+    dense = expert = 0
+    for i in stage_layers(model, par, stage):
+        c = layer_params(model, tp, ep, moe=bool(pattern[i]))
+        dense += c["dense"]
+        expert += c["expert"]
+    word = model.padded_vocab_size(tp) * model.hidden_size // tp
+    if stage == 0:
+        dense += embedding_params(model, tp)
+    if stage == par.pp - 1:
+        dense += _norm(model)
+        if model.untie_embeddings_and_output_weights or par.pp > 1:
+            dense += word
+    return {"dense": dense, "expert": expert}
+
+
+def total_params(model: ModelConfig) -> int:
+    """All parameters of the model on one device (tied output layer counted once)."""
+    one = ParallelConfig(world_size=1)
+    c = stage_params(model, one, 0)
+    return c["dense"] + c["expert"]
+
+
+def active_params(model: ModelConfig) -> int:
+    """Parameters one token uses: an MoE layer counts only its top-k experts."""
+    if model.num_experts is None:
+        return total_params(model)
+    per_expert = _mlp(model, model.moe_ffn_hidden_size, 1)
+    n_moe = sum(model.moe_layers())
+    return total_params(model) - n_moe * (model.num_experts - model.moe_router_topk) * per_expert

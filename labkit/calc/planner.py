@@ -1,0 +1,109 @@
+"""Planner: enumerate valid layouts, drop those that do not fit, rank by predicted throughput.
+
+Chapter "Planning a run". For a model, a cluster and a global batch size, every (TP, PP, DP,
+micro batch, recompute, ZeRO stage) that passes Megatron's rules is costed with ``memory.py``
+(peak over pipeline stages) and ``perf.py``. The notes' heuristics (seed note 000: TP within a
+node and at most 8, PP across nodes, DP for the rest) are not imposed: they come out of the cost
+model, and ``explain`` says why the winner beats the best layout of each other shape.
+"""
+from __future__ import annotations
+
+from .config import MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig
+from .hardware import Cluster
+from .memory import peak_memory
+from .perf import step_time
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(model: ModelConfig, cluster: Cluster, global_batch_size: int,
+                      micro_batch_sizes=(1, 2, 4, 8), recompute=(None, "selective", "full"),
+                      zero_stages=(1,), max_tp=None):
+    """Yield (ParallelConfig, None) for valid layouts and (None, reason) for invalid ones."""
+    world = cluster.world_size
+    max_tp = max_tp or 2 * cluster.gpus_per_node
+    for tp in [d for d in _divisors(world) if d <= max_tp]:
+        for pp in _divisors(world // tp):
+            for mb in micro_batch_sizes:
+                for rec in recompute:
+                    for z in zero_stages:
+                        try:
+                            par = ParallelConfig(world, tp, pp, micro_batch_size=mb,
+                                                 global_batch_size=global_batch_size,
+                                                 sequence_parallel=tp > 1, zero_stage=z,
+                                                 use_distributed_optimizer=z >= 1,
+                                                 recompute_granularity=rec)
+                            from .config import validate
+                            validate(model, par)
+                        except ValueError as err:
+                            yield None, str(err)
+                            continue
+                        yield par, None
+
+
+def plan(model: ModelConfig, cluster: Cluster, global_batch_size: int,
+         precision: PrecisionConfig = MIXED_18, headroom: float = 0.9, efficiency: float = 0.55,
+         **search) -> dict:
+    """Rank the layouts that fit in ``headroom`` x GPU memory by predicted tokens/s.
+
+    Returns {"ranked": [rows best first], "too_big": n, "invalid": n, "capacity": bytes}.
+    """
+    capacity = headroom * cluster.gpu.memory_bytes
+    ranked, too_big, invalid = [], 0, 0
+    for par, reason in candidate_layouts(model, cluster, global_batch_size, **search):
+        if par is None:
+            invalid += 1
+            continue
+        mem = peak_memory(model, par, precision)
+        if mem > capacity:
+            too_big += 1
+            continue
+        perf = step_time(model, par, cluster, precision, efficiency)
+        ranked.append({"tp": par.tp, "pp": par.pp, "dp": par.dp,
+                       "micro_batch_size": par.micro_batch_size,
+                       "num_microbatches": global_batch_size // (par.micro_batch_size * par.dp),
+                       "recompute": par.recompute_granularity or "none",
+                       "zero_stage": par.zero_stage, "peak_memory_gib": mem / 2 ** 30,
+                       "step_time_s": perf["step_time"], "tokens_per_s": perf["tokens_per_s"],
+                       "mfu": perf["mfu"], "bubble_s": perf["bubble"], "tp_comm_s": perf["tp_comm"],
+                       "pp_comm_s": perf["pp_comm"], "dp_comm_s": perf["dp_comm"], "parallel": par})
+    ranked.sort(key=lambda r: -r["tokens_per_s"])
+    return {"ranked": ranked, "too_big": too_big, "invalid": invalid, "capacity": capacity}
+
+
+def explain(result: dict, cluster: Cluster) -> list:
+    """Why the winner wins: compare it with the best layout of each other (TP, PP) shape family."""
+    ranked = result["ranked"]
+    if not ranked:
+        return ["no layout fits: more GPUs, ZeRO-3, recompute or a smaller micro batch are needed"]
+    best = ranked[0]
+    lines = [f"winner: TP={best['tp']} PP={best['pp']} DP={best['dp']} mb={best['micro_batch_size']} "
+             f"recompute={best['recompute']}: {best['tokens_per_s']:.0f} tokens/s, "
+             f"MFU {best['mfu']:.1%}, {best['peak_memory_gib']:.1f} GiB"]
+    seen = set()
+    for r in ranked[1:]:
+        key = ("TP in node" if cluster.gpus_per_node % r["tp"] == 0 else "TP across nodes",
+               "PP" if r["pp"] > 1 else "no PP")
+        if key in seen:
+            continue
+        seen.add(key)
+        costs = {k: r[k] - best[k] for k in ("bubble_s", "tp_comm_s", "pp_comm_s", "dp_comm_s")}
+        worst = max(costs, key=costs.get)
+        lines.append(f"best with {key[0]}, {key[1]} (TP={r['tp']} PP={r['pp']} DP={r['dp']}): "
+                     f"{r['tokens_per_s'] / best['tokens_per_s']:.0%} of the winner's throughput, "
+                     f"mostly from {worst[:-2].replace('_', ' ')} (+{costs[worst]:.3f} s/step)")
+    return lines
+
+
+def min_nodes(model: ModelConfig, cluster: Cluster, global_batch_size_per_node=None, max_nodes=128,
+              precision: PrecisionConfig = MIXED_18, **search):
+    """The fewest nodes on which some layout fits (global batch = nodes x GPUs x 1 unless given)."""
+    for nodes in range(1, max_nodes + 1):
+        c = cluster.with_(nodes=nodes)
+        gbs = (global_batch_size_per_node or c.gpus_per_node) * nodes
+        result = plan(model, c, gbs, precision, **search)
+        if result["ranked"]:
+            return nodes, result
+    return None, None

@@ -1,0 +1,104 @@
+"""Process groups derived from a Topology, each carrying its own communication counters.
+
+A :class:`Group` is what every collective in :mod:`labkit.comm` takes as its first argument: the
+torch ProcessGroup, this rank's index in it, and a :class:`CommStats` that counts calls and bytes
+per op. There is no module-level registry: the counters live on the group object you hold, so a
+lab reads ``groups["tp"].stats`` and a test that builds new groups starts from zero.
+
+    topo = Topology(8, tp=2, pp=2)
+    groups = build_groups(topo)          # on every rank, same order: torch requires it
+    groups["tp"].ranks, groups["tp"].rank, groups["tp"].size
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+from .topology import AXES, Topology
+
+
+@dataclass
+class CommStats:
+    """Calls and bytes sent by this rank, per op, under the textbook algorithm of each op.
+
+    Bytes are those the ring (or pairwise) algorithm makes one rank send: all-reduce 2(n-1)/n*N,
+    all-gather / reduce-scatter / all-to-all (n-1)/n*N, broadcast N from the root, send N, where N
+    is the size of the full (unsharded) tensor. ``labkit.calc.comm`` has the same formulas.
+    """
+
+    calls: dict = field(default_factory=lambda: defaultdict(int))
+    bytes: dict = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, op: str, nbytes: float) -> None:
+        self.calls[op] += 1
+        self.bytes[op] += nbytes
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.bytes.clear()
+
+    def snapshot(self) -> dict:
+        """{op: {"calls": int, "bytes": float}} — plain data, safe to return from a rank."""
+        return {op: {"calls": self.calls[op], "bytes": self.bytes[op]} for op in sorted(self.calls)}
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.bytes.values())
+
+
+@dataclass(eq=False)
+class Group:
+    """One process group as seen from this rank."""
+
+    name: str
+    ranks: tuple[int, ...]
+    pg: object | None  # torch ProcessGroup; None for a group of one rank (no communication)
+    stats: CommStats = field(default_factory=CommStats)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def rank(self) -> int:
+        """This process's index inside the group (not its global rank)."""
+        return self.ranks.index(dist.get_rank()) if self.size > 1 else 0
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.ranks[group_rank]
+
+    def __repr__(self) -> str:
+        return f"Group({self.name!r}, ranks={list(self.ranks)})"
+
+
+def new_group(name: str, ranks) -> Group:
+    """A Group over ``ranks``. Every rank of the world must call this, in the same order."""
+    ranks = tuple(int(r) for r in ranks)
+    pg = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+    return Group(name, ranks, pg)
+
+
+def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
+    """This rank's group on each axis of ``topo``: {"tp": Group, "dp": Group, ...}.
+
+    Creates every group of every axis on every rank (torch.distributed requires all ranks to take
+    part in each ``new_group`` call), and keeps the one containing this rank.
+    """
+    if dist.get_world_size() != topo.world_size:
+        raise ValueError(f"topology is for {topo.world_size} ranks but the world has "
+                         f"{dist.get_world_size()}")
+    me, mine = dist.get_rank(), {}
+    for axis in axes:
+        for ranks in topo.groups(axis):
+            g = new_group(axis, ranks)
+            if me in ranks:
+                mine[axis] = g
+    return mine
+
+
+def world_group() -> Group:
+    """All ranks, as a Group (uses the default process group)."""
+    n = dist.get_world_size()
+    return Group("world", tuple(range(n)), dist.group.WORLD if n > 1 else None)

@@ -1,0 +1,35 @@
+"""labkit.calc imports and runs with torch, numpy and pandas unimportable (as in Pyodide)."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {'torch', 'numpy', 'pandas', 'matplotlib', 'ipywidgets'}:
+            raise ImportError('blocked for the no-torch test: ' + name)
+sys.meta_path.insert(0, Block())
+import labkit.calc as c
+m = c.model('gpt3-175b')
+par = c.ParallelConfig(world_size=1024, tensor_model_parallel_size=8, pipeline_model_parallel_size=16,
+                       global_batch_size=1536, sequence_parallel=True, recompute_granularity='selective',
+                       use_distributed_optimizer=True)
+e = c.megatron_estimate(1024, **c.flops.megatron_kwargs(m, par))
+rows = c.memory_per_stage(m, par)
+r = c.step_time(m, par, c.cluster('dgx-a100', 128))
+from labkit.calc import cli
+assert cli.main(['--world-size', '8', '--num-layers', '2', '--hidden-size', '64',
+                 '--num-attention-heads', '4', '--vocab-size', '256']) == 0
+assert 'torch' not in sys.modules and 'numpy' not in sys.modules
+print('OK', e['weight_and_optimizer_bytes'], len(rows))
+"""
+
+
+def test_calc_runs_without_torch_numpy_pandas():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "OK 10782260640.0 16" in out.stdout
