@@ -259,8 +259,10 @@ def _rank_main(rank, world_size, backend, port, timeout, payload, results_q, log
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
+        dist.barrier()  # every rank has finished connecting before any rank may finish and leave
         fn, args, kwargs = cloudpickle.loads(payload)
         out = fn(*args, **kwargs)
+        dist.barrier()  # nobody tears down its connections while a peer still uses them
         results_q.put(("ok", rank, cloudpickle.dumps(out)))
     except BaseException:  # noqa: BLE001 - every failure must reach the caller
         tb = traceback.format_exc()

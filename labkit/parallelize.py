@@ -145,6 +145,6 @@ def parallelize(model, topo, groups: dict[str, Group], cfg) -> Engine:
         runner = SingleStageRunner(model, groups)
     # 4. Data parallelism / ZeRO over the parameters this rank holds (chapter 3).
     from .data_parallel import build_data_parallel
-    dp = build_data_parallel(runner.named_parameters(), groups, cfg)
+    dp = build_data_parallel(runner.named_parameters(), groups, cfg, module=runner.module)
     return Engine(runner, dp, groups, clip_grad=cfg.clip_grad)
 

@@ -19,7 +19,8 @@ differ between messages. Sends are non-blocking (``isend``) and tagged with (kin
 microbatch): a blocking send would deadlock 1F1B, where neighbours send to each other at once
 (Megatron avoids that with batched ``send_forward_recv_backward``). gloo matches tags, so
 messages may arrive in any order. ``labkit.comm.send`` is blocking and untagged, hence these two
-helpers; bytes are counted on the group's stats like every other op.
+helpers; bytes are counted on the group's stats like every other op. NCCL ignores tags (it
+matches p2p messages between two ranks in order), so this executor is tested on gloo only.
 """
 from __future__ import annotations
 
@@ -166,13 +167,13 @@ def run_schedule(actions, stages: dict, group: Group, microbatches, dp=None,
     divided by m, so gradients accumulate to those of the mean loss over the global batch.
     """
     p, r, m, dev = group.size, group.rank, len(microbatches), microbatches[0][0].device
-    num_stages = p * len(stages)
     t0 = time.perf_counter() if t0 is None else t0
     uses_w = any(a.kind == "W" for a in actions)
     last_bwd = max(i for i, a in enumerate(actions) if a.kind == ("W" if uses_w else "B"))
     saved, sends, run = {}, [], ScheduleRun(0.0)
     held_bytes, sizes = 0, {}
     for i, a in enumerate(actions):
+        sends = [(q, t) for q, t in sends if not q.is_completed()]  # free delivered buffers
         c, mb = a.chunk, a.microbatch
         s, stage = c * p + r, stages[c]
         sync = dp.grad_sync_context(i == last_bwd) if dp is not None else contextlib.nullcontext()

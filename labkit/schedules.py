@@ -129,9 +129,13 @@ def _virtual_mb(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
 def interleaved(p: int, v: int, m: int) -> list[list[Action]]:
     """Interleaved 1F1B with ``v`` model chunks per rank; bubble (p-1)/(v m) for v times the p2p.
 
-    Raises ValueError unless m is a multiple of p (Megatron's rule for this schedule).
+    Raises ValueError unless m is a multiple of p (Megatron's rule for this schedule). With
+    v = 1 it is plain :func:`one_f_one_b`, as in Megatron (which then uses the non-interleaved
+    schedule; the interleaved warm-up formula would hold p - r - 1 extra microbatches).
     """
     _check_sizes(p, m, v)
+    if v == 1:
+        return one_f_one_b(p, m)
     if m % p:
         raise ValueError(f"interleaved schedule needs microbatches m a multiple of pipeline size p: "
                          f"m {m} % p {p} = {m % p}")

@@ -79,12 +79,26 @@ class TrainConfig:
         if self.num_attention_heads % tp:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
                              f"tensor_model_parallel_size {tp}: each TP rank needs whole heads")
+        if self.sequence_parallel and self.seq_length % tp:
+            raise ValueError(f"seq_length {self.seq_length} is not divisible by "
+                             f"tensor_model_parallel_size {tp}: sequence parallelism gives each TP "
+                             f"rank s/t positions")
         if self.context_parallel_size > 1:
             raise ValueError("context_parallel_size > 1 is not implemented in labkit.train yet")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
-        if self.ddp_bucket_size is not None and self.ddp_bucket_size <= 0:
-            raise ValueError(f"ddp_bucket_size must be > 0 elements, got {self.ddp_bucket_size}")
+        if self.ddp_bucket_size is not None and (isinstance(self.ddp_bucket_size, bool) or
+                                                 not isinstance(self.ddp_bucket_size, int) or
+                                                 self.ddp_bucket_size <= 0):
+            raise ValueError(f"ddp_bucket_size must be a positive number of elements, got {self.ddp_bucket_size!r}")
+        zero = self.zero_stage or (1 if self.use_distributed_optimizer else 0)
+        if zero and (tp > 1 or self.pipeline_model_parallel_size > 1):  # labkit/zero.py, chapter DP
+            raise ValueError(f"zero_stage {zero} (or use_distributed_optimizer) needs tensor_model_parallel_size"
+                             f" = pipeline_model_parallel_size = 1 in labkit, got tp {tp}, pp "
+                             f"{self.pipeline_model_parallel_size}")
+        if zero and self.ddp_bucket_size is not None:
+            raise ValueError(f"ddp_bucket_size {self.ddp_bucket_size} applies to zero_stage 0 only: labkit's "
+                             f"ZeRO stages communicate the whole flat buffer")
         return topo
 
     def global_batch(self, topo: Topology) -> int:
@@ -178,5 +192,7 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int) -> dict:
             send_to_parent(format_iteration(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs,
                                             loss, grad_norm))
     extra = {"coords": topo.coords(rank),
-             "comm": {axis: g.stats.snapshot() for axis, g in groups.items()}}
+             "comm": {axis: g.stats.snapshot() for axis, g in groups.items()},
+             # bytes of params/grads/optimizer held at the last step's gradient sync (data_parallel.py)
+             "memory": getattr(engine.dp, "memory", None)}
     return {"losses": losses, "grad_norms": norms, "iteration_ms": times, "extra": extra}

@@ -159,3 +159,21 @@ def test_cli_moe_layer_freq_list_pattern():
     assert _freq("2") == 2
     with pytest.raises(ValueError):
         _freq("__import__('os')")
+
+
+def test_multi_latent_attention_and_mtp_by_hand():
+    # MLA (no q LoRA): kv_lora_rank 16, qk head 8 + rope 4, v head 8; one MTP layer; RMSNorm.
+    e = megatron_estimate(world_size=1, num_layers=2, hidden_size=64, num_attention_heads=4,
+                          ffn_hidden_size=256, seq_length=32, vocab_size=128, normalization="RMSNorm",
+                          multi_latent_attention=True, kv_lora_rank=16, qk_head_dim=8,
+                          qk_pos_emb_head_dim=4, v_head_dim=8, mtp_num_layers=1)
+    q_term = 64 * 4 * (8 + 4)                                        # 3072
+    attn = q_term + 16 * (64 + 4 * (8 + 8) + 1) + 64 * 4 + 4 * 8 * 64   # 7440
+    layer = 2 * 64 * (256 + 1) + attn                                # 40336
+    shard = (2 * layer + 64) + layer + 64 * 128                      # block + MTP + embedding
+    assert (attn, layer, shard) == (7440, 40336, 129264)
+    assert e["weight_and_optimizer_bytes"] == shard * 18
+    attn_f = 6 * (q_term + 16 * (64 + 4 * 16 + 1) + 64 * 4 + 4 * 8 * 64 + 32 * 4 * 12 / 2 + 32 * 4 * 8 / 2)
+    per_token = 6 * 64 * 256 * 2 * 3 + 3 * attn_f + 6 * (3 * 64 + 2 * 64 * 64) + 6 * 64 * 128 * 2
+    assert per_token == 895392
+    assert e["flops_per_iteration"] == 32 * per_token

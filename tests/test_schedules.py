@@ -51,12 +51,16 @@ def test_interleaved_valid_warmup_and_bubble(p, v, m):
     sched = S.interleaved(p, v, m)
     assert validate(sched) == (p, v, m)
     for r, acts in enumerate(sched):
-        w = S.warmup_interleaved(p, v, r, m)
-        assert w == min(2 * (p - r - 1) + (v - 1) * p, m * v)
+        w = S.warmup_interleaved(p, v, r, m) if v > 1 else S.warmup_1f1b(p, r, m)  # v=1: 1F1B
+        assert S.warmup_interleaved(p, v, r, m) == min(2 * (p - r - 1) + (v - 1) * p, m * v)
         assert forwards_before_first_backward(acts) == min(w + 1, m * v)
     sim = simulate(sched, forward=1.0, backward=2.0)
     assert sim.bubble_fraction == pytest.approx((p - 1) / (v * m), abs=1e-12)
     assert sim.bubble_fraction == pytest.approx(S.bubble_formula(p, m, v), abs=1e-12)
+
+
+def test_interleaved_with_one_chunk_is_1f1b():
+    assert S.interleaved(4, 1, 8) == S.one_f_one_b(4, 8)
 
 
 def test_interleaved_chunk_order_is_megatrons():

@@ -84,7 +84,7 @@ def explain(result: dict, cluster: Cluster) -> list:
              f"MFU {best['mfu']:.1%}, {best['peak_memory_gib']:.1f} GiB"]
     seen = set()
     for r in ranked[1:]:
-        key = ("TP in node" if cluster.gpus_per_node % r["tp"] == 0 else "TP across nodes",
+        key = ("TP inside a node" if cluster.gpus_per_node % r["tp"] == 0 else "TP spanning nodes",
                "PP" if r["pp"] > 1 else "no PP")
         if key in seen:
             continue

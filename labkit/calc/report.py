@@ -15,10 +15,11 @@ from .batch import batch_math
 from .comm import dp_step_bytes, tp_layer_bytes, pp_step_bytes
 from .config import PRECISIONS, ParallelConfig
 from .flops import megatron_kwargs, model_flops_per_iteration
-from .hardware import CLUSTERS, GPUS, cluster
+from .hardware import CLUSTERS, cluster
 from .megatron import megatron_estimate
 from .memory import memory_per_stage
 from .params import stage_params
+from .perf import step_time
 from .pipeline import bubble_fraction
 from .planner import explain, plan
 from .presets import MODELS, model as preset
@@ -39,7 +40,7 @@ FORMS = {
     + [("zero_stage", "ZeRO stage (1 = distributed optimizer)", "choice", "1", ["0", "1", "2", "3"]),
        ("recompute_granularity", "recompute", "choice", "selective", ["none", "selective", "full"]),
        ("precision", "precision", "choice", "mixed18", sorted(PRECISIONS)),
-       ("gpu", "GPU", "choice", "A100-80GB", sorted(GPUS)),
+       ("cluster", "cluster (GPU, links)", "choice", "dgx-a100", sorted(CLUSTERS)),
        ("step_time", "measured step time, s (0 = none)", "float", 0.0, None)],
     "planner": [("model", "model", "choice", "gpt3-175b", sorted(MODELS)),
                 ("cluster", "cluster", "choice", "jean-zay-v100", sorted(CLUSTERS)),
@@ -130,7 +131,8 @@ def memory_html(v: dict) -> str:
         b = batch_math(m, par)
     except ValueError as err:
         return _error(err)
-    capacity = GPUS[v["gpu"]].memory_bytes
+    base = CLUSTERS[v["cluster"]]
+    gpu, capacity = base.gpu, base.gpu.memory_bytes
     peak = max(r["total"] for r in rows)
     cols = ("params", "grads", "optimizer", "activations", "total")
     table = "".join(
@@ -147,8 +149,17 @@ def memory_html(v: dict) -> str:
                                  b["virtual_pipeline_size"]).values())
     mfu = ""
     if float(v.get("step_time", 0) or 0) > 0:
-        value = flops / (float(v["step_time"]) * par.world_size * GPUS[v["gpu"]].peak_flops)
+        value = flops / (float(v["step_time"]) * par.world_size * gpu.peak_flops)
         mfu = f"<li>MFU at that step time {_num('mfu', value, '{:.4f}')}</li>"
+    if par.world_size % base.gpus_per_node == 0:
+        t = step_time(m, par, base.with_(nodes=par.world_size // base.gpus_per_node), prec)
+        mfu += (f"<li>predicted step {_num('step_time', t['step_time'], '{:.3f}')} s on {base.name}: "
+                f"compute {t['compute']:.3f}, bubble {t['bubble']:.3f}, TP comm {t['tp_comm']:.3f}, "
+                f"PP comm {t['pp_comm']:.3f}, DP comm {t['dp_comm']:.3f} s; MFU "
+                f"{_num('predicted_mfu', t['mfu'], '{:.4f}')}</li>")
+    else:
+        mfu += (f"<li>no step-time prediction: {par.world_size} GPUs is not a whole number of "
+                f"{base.gpus_per_node}-GPU nodes</li>")
     fits = "fits" if peak <= capacity else "does NOT fit"
     return (f"<p>peak {_num('peak_gib', peak / GIB, '{:.3f}')} GiB per GPU: {fits} in "
             f"{capacity / GIB:.1f} GiB</p>" + memory_bars(rows, capacity)

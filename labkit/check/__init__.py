@@ -65,7 +65,9 @@ def run_student(name: str, fn, world_size: int, *args, **kwargs):
     try:
         return launch(fn, world_size, *args, timeout=kwargs.pop("timeout", 60.0), **kwargs), None
     except RankFailed as e:
-        last = e.remote_traceback.strip().splitlines()[-1]
+        # the exception line, not the launcher's "(ranks [...] failed too ...)" note after it
+        last = [ln for ln in e.remote_traceback.strip().splitlines()
+                if ln.strip() and not ln.startswith("(ranks ")][-1]
         return None, report(name, False, f"rank {e.rank} raised {last}",
                             "run the cell above on its own and read the traceback")
     except LaunchTimeout as e:

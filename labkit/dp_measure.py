@@ -1,0 +1,138 @@
+"""Measurements for the data-parallel chapter and lab: parity, bytes, memory, overlap, weak scaling.
+
+Chapter "Data parallelism". Each ``*_worker`` runs on every rank under ``labkit.launch`` and uses
+the real path (``parallelize`` -> Engine -> labkit/data_parallel.py or labkit/zero.py); the
+caller compares what comes back with ``labkit.reference`` (parity) and ``labkit.calc``
+(bytes, memory). Several variants run inside one launch: groups are built once and their counters
+reset between variants, so a launch is paid once (a launch of 4 ranks costs ~0.2 s after the first).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+VARIANTS = {  # name -> TrainConfig overrides; the chapter's table has one row per name
+    "naive": {},
+    "bucketed": {"ddp_bucket_size": 4096},
+    "zero1": {"zero_stage": 1},
+    "zero2": {"zero_stage": 2},
+    "zero3": {"zero_stage": 3},
+}
+
+
+def _setup(config: dict):
+    from .groups import build_groups
+    from .training import TrainConfig
+    cfg = TrainConfig(**config)
+    topo = cfg.validate(dist.get_world_size())
+    return cfg, topo, build_groups(topo)
+
+
+def _engine(cfg, topo, groups, seed: int):
+    from .launcher import device
+    from .model import GPT
+    from .parallelize import parallelize
+    model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=getattr(torch, cfg.params_dtype))
+    engine = parallelize(model, topo, groups, cfg)
+    for g in groups.values():  # count training traffic only, not the set-up broadcast
+        g.stats.reset()
+    return engine
+
+
+def _batches(cfg, topo, it: int, seed: int, tokens):
+    from . import data
+    from .launcher import device
+    inputs, labels = data.get_batch(tokens, it, cfg.global_batch(topo), cfg.seq_length, seed)
+    dp_rank = topo.coords(dist.get_rank())["dp"]
+    return [(x.to(device()), y.to(device()))
+            for x, y in data.microbatches(inputs, labels, cfg.micro_batch_size, topo.dp, dp_rank)]
+
+
+def _flat(named: dict) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in named.values()])
+
+
+def parity_worker(variants: dict, steps: int, seed: int, base: dict) -> dict:
+    """Train every variant ``steps`` iterations; rank 0 returns, per variant and step, the full
+    parameters, the loss and grad norm; every rank reports how far its replica is from rank 0's."""
+    from .data import load_tokens
+    tokens, out = load_tokens(), {}
+    for name, overrides in variants.items():
+        cfg, topo, groups = _setup({**base, **overrides})
+        engine = _engine(cfg, topo, groups, seed)
+        params, losses, norms, comm = [], [], [], []
+        for it in range(steps):
+            loss, norm = engine.step(_batches(cfg, topo, it, seed, tokens))
+            full = engine.dp.full_parameters()
+            params.append(full if dist.get_rank() == 0 else None)
+            losses.append(loss)
+            norms.append(norm)
+            comm.append(groups["dp"].stats.snapshot())
+            groups["dp"].stats.reset()
+        mine = _flat(full)
+        ref = mine.clone()
+        dist.broadcast(ref, src=0)  # bookkeeping, not counted: compare replicas with rank 0
+        out[name] = {"params": params, "losses": losses, "grad_norms": norms, "comm": comm,
+                     "replica_max_diff": float((mine - ref).abs().max()),
+                     "memory": engine.dp.memory, "num_microbatches": cfg.num_microbatches(topo)}
+    return out
+
+
+def memory_worker(stages, base: dict, seed: int = 0, steps: int = 2) -> dict:
+    """{stage: bytes held (params, grads, optimizer)} on this rank at the last step's grad sync."""
+    from .data import load_tokens
+    tokens, out = load_tokens(), {}
+    for stage in stages:
+        cfg, topo, groups = _setup({**base, "zero_stage": stage})
+        engine = _engine(cfg, topo, groups, seed)
+        for it in range(steps):  # step 2: AdamW's moments exist (created by the first step)
+            engine.step(_batches(cfg, topo, it, seed, tokens))
+        out[stage] = dict(engine.dp.memory, num_params=engine.dp.layout.numel if stage else
+                          sum(p.numel() for p in engine.dp.params))
+    return out
+
+
+def overlap_worker(base: dict, bucket_size: int, iterations: int = 4, seed: int = 0) -> dict:
+    """Time one single-microbatch iteration of naive and bucketed DDP, phase by phase.
+
+    Returns {"naive"|"bucketed": {"phases": [(label, t0, t1)], "all_reduce": [(label, t0, t1)],
+    "iteration_ms": [...]}}, times in ms from the iteration's start, from the last iteration.
+    The all-reduce intervals are measured: launch time, and completion time taken by a callback
+    on the collective's future (gloo runs it on its own thread, so it overlaps the backward).
+    """
+    from .data import load_tokens
+    from .data_parallel import BucketedDataParallel, NaiveDataParallel
+    cfg, topo, groups = _setup(base)
+    tokens, out = load_tokens(), {}
+    for name in ("naive", "bucketed"):
+        from .launcher import device
+        from .model import GPT
+        model = GPT(cfg.model_config(), seed=seed).to(device())
+        events: list = []
+        named = list(model.named_parameters())
+        dp = (NaiveDataParallel(named, groups["dp"], cfg, events=events) if name == "naive" else
+              BucketedDataParallel(named, groups["dp"], cfg, bucket_size, events=events))
+        times = []
+        for it in range(iterations):
+            (x, y), = _batches(cfg, topo, it, seed, tokens)
+            events.clear()
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = model.loss(x, y)
+            t1 = time.perf_counter()
+            with dp.grad_sync_context(is_last_microbatch=True):
+                loss.backward()
+            t2 = time.perf_counter()
+            dp.finish_grad_sync()
+            t3 = time.perf_counter()
+            dp.step()
+            t4 = time.perf_counter()
+            times.append((t4 - t0) * 1e3)
+        ms = lambda t: (t - t0) * 1e3  # noqa: E731
+        out[name] = {"phases": [("forward", 0.0, ms(t1)), ("backward", ms(t1), ms(t2)),
+                                ("wait for grads", ms(t2), ms(t3)), ("optimizer", ms(t3), ms(t4))],
+                     "all_reduce": [(lbl, ms(a), ms(b)) for _, lbl, a, b in sorted(events, key=lambda e: e[2])],
+                     "iteration_ms": times}
+    return out

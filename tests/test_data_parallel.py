@@ -1,0 +1,105 @@
+"""Data parallelism (labkit/data_parallel.py): naive and bucketed DDP, gradient accumulation.
+
+Tier 1 (no processes): buckets in reverse forward order, sizes, the factory's choice.
+Tier 2 (gloo ranks, DP 1, 2, 4; with and without accumulation): parameters after each of 5
+AdamW steps, losses and grad norms equal single-device training (tests/dp_parity.py; fp32,
+tolerances there); all-reduce bytes per step equal labkit.calc's ring formula exactly, once per
+step whatever the number of microbatches (no_sync); bucketed all-reduces start during the
+backward, naive ones after it (event order, not timing); labkit.train equals the reference loss
+by loss; bad configurations raise ValueError before any process starts.
+"""
+import pytest
+import torch
+
+import labkit
+from labkit.calc.comm import dp_step_bytes
+from labkit.data_parallel import BucketedDataParallel, NaiveDataParallel, build_data_parallel, make_buckets
+from labkit.dp_measure import overlap_worker
+from labkit.reference import train_reference
+from labkit.training import TrainConfig
+
+import dp_parity
+
+NAMES = ("naive", "bucketed")
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return dp_parity.reference()
+
+
+@pytest.mark.parametrize("dp", [1, 2, 4])
+def test_parity_and_bytes(ref, dp):
+    results = dp_parity.run(NAMES, dp)
+    num_params = sum(p.numel() for p in ref["params"][0].values())
+    for name in results[0]:
+        dp_parity.check_parity(results, ref, name)
+        expected = dp_step_bytes(num_params * 4, dp, zero_stage=0)
+        for r, res in enumerate(results):
+            for k, step in enumerate(res[name]["comm"]):
+                got = {op: v["bytes"] for op, v in step.items()}
+                assert got == ({} if dp == 1 else expected), f"{name} rank {r} step {k + 1}: {got} != {expected}"
+        if name.startswith("bucketed") and dp > 1:  # one all-reduce per bucket per step, even with accumulation
+            calls = results[0][name]["comm"][0]["all_reduce"]["calls"]
+            buckets = make_buckets(list(ref["params"][0].values()), 4096, None)
+            assert calls == len(buckets), f"{name}: {calls} all-reduces per step, {len(buckets)} buckets"
+
+
+def test_buckets_reverse_order_and_size():
+    params = [torch.zeros(n) for n in (10, 20, 30, 40, 5)]
+    buckets = make_buckets(params, 35, None)
+    assert [[p.numel() for p in b.params] for b in buckets] == [[5, 40], [30, 20], [10]]
+    assert [b.numel for b in buckets] == [45, 50, 10]
+    with pytest.raises(ValueError, match="bucket_size must be > 0"):
+        make_buckets(params, 0, None)
+
+
+def test_factory_choice():
+    from labkit.groups import Group
+    g = {"dp": Group("dp", (0,), None)}
+    model = torch.nn.Linear(4, 4)
+    named = list(model.named_parameters())
+    assert type(build_data_parallel(named, g, TrainConfig())) is NaiveDataParallel
+    assert type(build_data_parallel(named, g, TrainConfig(ddp_bucket_size=8))) is BucketedDataParallel
+    from labkit.zero import ZeRO1, ZeRO3
+    assert type(build_data_parallel(named, g, TrainConfig(use_distributed_optimizer=True))) is ZeRO1
+    assert type(build_data_parallel(named, g, TrainConfig(zero_stage=3), module=model)) is ZeRO3
+
+
+def test_overlap_event_order():
+    """Bucketed: every bucket's all-reduce is launched before the backward returns (overlap);
+    naive: every all-reduce starts after it. Orders of events, not durations."""
+    out = labkit.launch(overlap_worker, 2, dict(num_layers=2, hidden_size=32, num_attention_heads=4,
+                                                seq_length=16, micro_batch_size=2), 2000, 2)
+    for r, res in enumerate(out):
+        bwd_end = dict((p[0], p[2]) for p in res["bucketed"]["phases"])["backward"]
+        starts = [a for _, a, _ in res["bucketed"]["all_reduce"]]
+        assert len(starts) > 1 and all(a <= bwd_end for a in starts), (r, starts, bwd_end)
+        bwd_end = dict((p[0], p[2]) for p in res["naive"]["phases"])["backward"]
+        assert all(a >= bwd_end for _, a, _ in res["naive"]["all_reduce"])
+
+
+def test_train_losses_equal_reference():
+    kw = dict(dp_parity.MODEL, global_batch_size=8)
+    expected = train_reference(steps=5, micro_batch_size=8, **kw)
+    got = labkit.train(world_size=2, steps=5, micro_batch_size=2, ddp_bucket_size=4096, log_interval=0, **kw)
+    torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(expected), rtol=1e-5, atol=2e-6)
+    assert got.ranks[0]["memory"]["grads"] == got.ranks[0]["memory"]["params"]
+
+
+@pytest.mark.parametrize("kw, rule", [
+    (dict(world_size=4, tensor_model_parallel_size=3), "divisible"),            # dp does not divide the world
+    (dict(world_size=2, micro_batch_size=2, global_batch_size=6), "global_batch_size 6 is not divisible"),
+    (dict(world_size=2, ddp_bucket_size=0), "ddp_bucket_size must be a positive"),
+    (dict(world_size=2, ddp_bucket_size=-5), "ddp_bucket_size must be a positive"),
+    (dict(world_size=2, zero_stage=4), "zero_stage must be 0, 1, 2 or 3"),
+    (dict(world_size=2, zero_stage=2, ddp_bucket_size=100), "applies to zero_stage 0 only"),
+    (dict(world_size=4, zero_stage=1, tensor_model_parallel_size=2), "needs tensor_model_parallel_size"),
+    (dict(world_size=4, use_distributed_optimizer=True, pipeline_model_parallel_size=2, num_layers=4),
+     "needs tensor_model_parallel_size"),
+])
+def test_bad_input_raises_before_launch(kw, rule, monkeypatch):
+    import labkit.launcher
+    monkeypatch.setattr(labkit.launcher, "launch", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(ValueError, match=rule):
+        labkit.train(steps=1, **kw)
