@@ -232,6 +232,8 @@ def embedding_group(world_size: int, groups: dict) -> Group | None:
                     cp=groups["cp"].size, ep=groups["ep"].size)
     mine, me = None, dist.get_rank()
     for ranks in topo.groups("pp"):
+        if len(ranks) == 1:  # one stage holds both ends: nothing to sum
+            continue
         g = new_group("embedding", [ranks[0], ranks[-1]])
         if me in (ranks[0], ranks[-1]):
             mine = g

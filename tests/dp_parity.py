@@ -8,6 +8,8 @@ parameters (Adam is invariant to the gradient's scale), so the grad norm is comp
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from labkit import data
@@ -20,6 +22,7 @@ MODEL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=32)
 FP32 = dict(rtol=1e-5, atol=5e-6)
 
 
+@functools.lru_cache(maxsize=1)  # both test files use it in one session: compute once
 def reference():
     """{"params": [state after step k], "losses": [...], "grad_norms": [...]} on one device."""
     params, norms = [], []

@@ -153,6 +153,19 @@ def test_cli_bad_layout_is_an_error_message_not_a_traceback():
     assert rc == 2
 
 
+def test_cli_num_query_groups_needs_the_gqa_flag_like_megatron(capsys):
+    from labkit.calc.cli import main
+    base = ["--world-size", "1", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "8",
+            "--vocab-size", "256", "--num-query-groups", "2", "--json"]
+    outputs = []
+    for extra in ([], ["--group-query-attention"]):
+        assert main(base + extra) == 0
+        outputs.append(capsys.readouterr().out)
+    mha = megatron_estimate(world_size=1, num_layers=2, hidden_size=64, num_attention_heads=8, vocab_size=256)
+    assert str(mha["weight_and_optimizer_bytes"]) in outputs[0]       # groups ignored without the flag
+    assert str(mha["weight_and_optimizer_bytes"]) not in outputs[1]
+
+
 def test_cli_moe_layer_freq_list_pattern():
     from labkit.calc.cli import _freq
     assert _freq("([1]*3+[0]*1)*2") == [1, 1, 1, 0, 1, 1, 1, 0]

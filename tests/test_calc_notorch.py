@@ -23,6 +23,8 @@ r = c.step_time(m, par, c.cluster('dgx-a100', 128))
 from labkit.calc import cli
 assert cli.main(['--world-size', '8', '--num-layers', '2', '--hidden-size', '64',
                  '--num-attention-heads', '4', '--vocab-size', '256']) == 0
+from labkit.calc import report
+assert 'data-key="peak_gib"' in report.calculate('memory', {})
 assert 'torch' not in sys.modules and 'numpy' not in sys.modules
 print('OK', e['weight_and_optimizer_bytes'], len(rows))
 """

@@ -173,3 +173,10 @@ def test_returning_none_fails():
 def test_sizes_the_ring_cannot_split_are_rejected():
     with pytest.raises(ValueError, match="numel 10 must be divisible by world_size 4"):
         C.ring_all_reduce(ring_all_reduce_ok, numel=10)
+
+
+@pytest.mark.gpu(devices=2)
+def test_correct_rings_pass_on_nccl():
+    # with 2 GPUs labkit.launch picks NCCL: the check's inputs follow the rank's device
+    assert C.ring_all_reduce(ring_all_reduce_ok, world_size=2)
+    assert C.ring_all_gather(ring_all_gather_ok, world_size=2)

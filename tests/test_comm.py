@@ -5,13 +5,20 @@ import torch
 import labkit
 
 
+def sizes_and_backends(*sizes):
+    """(n, gloo) always; (n, nccl) with one GPU per rank when the machine has them, else skipped."""
+    return [p for n in sizes for p in (pytest.param(n, "gloo", id=f"{n}-gloo"),
+                                       pytest.param(n, "nccl", id=f"{n}-nccl", marks=pytest.mark.gpu(devices=n)))]
+
+
 def _collectives(n_el):
     import torch
     import torch.distributed as dist
     from labkit import comm
     from labkit.groups import world_group
+    from labkit.launcher import device
     g, r, n = world_group(), dist.get_rank(), dist.get_world_size()
-    x = torch.arange(n_el, dtype=torch.float64) + 100 * r          # rank r holds 100r + [0..n_el)
+    x = torch.arange(n_el, dtype=torch.float64, device=device()) + 100 * r  # rank r: 100r + [0..n_el)
     out = {
         "all_reduce": comm.all_reduce(g, x),
         "mean": comm.all_reduce(g, x, op="mean"),
@@ -19,16 +26,17 @@ def _collectives(n_el):
         "reduce_scatter": comm.reduce_scatter(g, x),
         "all_to_all": comm.all_to_all(g, x),
         "broadcast": comm.broadcast(g, x, src=n - 1),
-        "input_unchanged": torch.equal(x, torch.arange(n_el, dtype=torch.float64) + 100 * r),
+        "input_unchanged": torch.equal(x.cpu(), torch.arange(n_el, dtype=torch.float64) + 100 * r),
     }
+    out = {k: v.cpu() if torch.is_tensor(v) else v for k, v in out.items()}
     out["stats"] = g.stats.snapshot()
     return out
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_collectives_values_and_textbook_bytes(n):
+@pytest.mark.parametrize("n,backend", sizes_and_backends(1, 2, 4))
+def test_collectives_values_and_textbook_bytes(n, backend):
     n_el = 8
-    outs = labkit.launch(_collectives, n, n_el)
+    outs = labkit.launch(_collectives, n, n_el, backend=backend)
     xs = [torch.arange(n_el, dtype=torch.float64) + 100 * r for r in range(n)]
     total = sum(xs)
     N = n_el * 8  # bytes of one rank's tensor
@@ -60,23 +68,25 @@ def _conjugates(n_el):
     import torch.distributed as dist
     from labkit import comm
     from labkit.groups import world_group
+    from labkit.launcher import device
     g, r = world_group(), dist.get_rank()
     gen = torch.Generator().manual_seed(r)
     res = {}
     for name in ["copy_to", "reduce_from", "scatter_to", "gather_from", "scatter_to_sequence",
                  "gather_from_sequence", "reduce_scatter_to_sequence", "all_to_all_autograd"]:
-        x = torch.randn(2 * g.size, 4 * g.size, 4 * g.size, dtype=torch.float64, generator=gen, requires_grad=True)
+        x = torch.randn(2 * g.size, 4 * g.size, 4 * g.size, dtype=torch.float64, generator=gen)
+        x = x.to(device()).requires_grad_()
         fn = getattr(comm, name)
         y = fn(g, x)
-        dy = torch.randn(y.shape, dtype=torch.float64, generator=gen)
+        dy = torch.randn(y.shape, dtype=torch.float64, generator=gen).to(device())
         y.backward(dy)
-        res[name] = (x.detach(), y.detach(), dy, x.grad)
+        res[name] = tuple(t.detach().cpu() for t in (x, y, dy, x.grad))
     return res
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_autograd_pairs_are_conjugate(n):
-    outs = labkit.launch(_conjugates, n, 4)
+@pytest.mark.parametrize("n,backend", sizes_and_backends(2, 4))
+def test_autograd_pairs_are_conjugate(n, backend):
+    outs = labkit.launch(_conjugates, n, 4, backend=backend)
     X = {k: [o[k][0] for o in outs] for k in outs[0]}
     DY = {k: [o[k][2] for o in outs] for k in outs[0]}
     cat = lambda ts, d: torch.cat(ts, dim=d)  # noqa: E731

@@ -92,8 +92,7 @@ def _gpt_worker(sp: bool, tied: bool):
     dense_grads = {n: p.grad for n, p in dense.named_parameters()}
     out = {"loss": (loss_t.detach(), loss_d.detach())}
     for name, p in cut.named_parameters():
-        dn = name.replace("word_embeddings.weight", "word_embeddings.weight")
-        g = dense_grads[dn]
+        g = dense_grads[name]  # the cut model keeps the dense names
         if getattr(p, "tensor_model_parallel", False):
             dim = 1 if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else 0
             g = g.chunk(t, dim=dim)[r]

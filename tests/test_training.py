@@ -18,11 +18,14 @@ FP32 = dict(rtol=1e-6, atol=1e-6)
 FP64 = dict(rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("world,mbs,gbs", [(1, 2, 8), (2, 4, 8), (2, 2, 8), (4, 1, 8)])
-def test_data_parallel_losses_equal_single_device(world, mbs, gbs):
+@pytest.mark.parametrize("world,mbs,gbs,backend", [
+    (1, 2, 8, "gloo"), (2, 4, 8, "gloo"), (2, 2, 8, "gloo"), (4, 1, 8, "gloo"),
+    pytest.param(2, 2, 8, "nccl", marks=pytest.mark.gpu(devices=2)),  # GPU math: fp32 TF32-free
+])
+def test_data_parallel_losses_equal_single_device(world, mbs, gbs, backend):
     cfg = dict(micro_batch_size=mbs, global_batch_size=gbs)
     ref = train_reference(steps=5, **cfg)
-    got = labkit.train(world_size=world, steps=5, log_interval=0, **cfg)
+    got = labkit.train(world_size=world, steps=5, log_interval=0, backend=backend, **cfg)
     assert len(got.losses) == 5
     torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(ref), **FP32)
     assert got.losses[-1] < got.losses[0]  # it learns

@@ -14,10 +14,13 @@ Runs in the notebooks and, unchanged, in the browser (Pyodide) on the static cal
     perf        step_time: compute + bubble + exposed communication
     planner     plan / explain / min_nodes
     presets     MODELS: Narayanan et al. 2021 table, GPT-2, GPT-3 175B, Llama-3-style, Mixtral-style
+    report      the calculators' forms and HTML answers (labkit.widgets and the static page)
+    cli         python -m labkit estimate (Megatron's flags) / plan
 """
 from . import comm
 from .batch import batch_math
-from .comm import (all_gather_bytes, all_to_all_bytes, dp_step_bytes, pp_step_bytes,
+from .comm import (all_gather_bytes, all_to_all_bytes, alpha_beta_time, collective_time,
+                   cp_layer_bytes, dp_step_bytes, ep_layer_bytes, pp_step_bytes,
                    reduce_scatter_bytes, ring_all_reduce_bytes, tp_layer_bytes)
 from .config import (FP32, MIXED_16, MIXED_18, PRECISIONS, ModelConfig, ParallelConfig,
                      PrecisionConfig, num_microbatches, validate)
@@ -41,6 +44,7 @@ __all__ = [
     "active_params", "model_flops_per_iteration", "model_flops_per_token",
     "paper_flops_per_iteration", "utilization", "mfu", "ring_all_reduce_bytes",
     "all_gather_bytes", "reduce_scatter_bytes", "all_to_all_bytes", "dp_step_bytes",
-    "tp_layer_bytes", "pp_step_bytes", "comm", "bubble_fraction", "GPU", "Cluster", "GPUS",
+    "tp_layer_bytes", "pp_step_bytes", "cp_layer_bytes", "ep_layer_bytes", "alpha_beta_time",
+    "collective_time", "comm", "bubble_fraction", "GPU", "Cluster", "GPUS",
     "CLUSTERS", "cluster", "step_time", "plan", "explain", "min_nodes", "MODELS", "model",
 ]

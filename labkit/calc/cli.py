@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, unknown = estimate_parser().parse_known_args(argv)
     kw = {k: v for k, v in vars(args).items() if v is not None and k not in ("world_size", "json")}
+    kw.setdefault("group_query_attention", False)  # as in Megatron: groups count only with the flag
     try:
         est = megatron_estimate(world_size=args.world_size, **kw)
     except ValueError as err:

@@ -8,7 +8,7 @@ model, and ``explain`` says why the winner beats the best layout of each other s
 """
 from __future__ import annotations
 
-from .config import MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig
+from .config import MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, validate
 from .hardware import Cluster
 from .memory import peak_memory
 from .perf import step_time
@@ -35,7 +35,6 @@ def candidate_layouts(model: ModelConfig, cluster: Cluster, global_batch_size: i
                                                  sequence_parallel=tp > 1, zero_stage=z,
                                                  use_distributed_optimizer=z >= 1,
                                                  recompute_granularity=rec)
-                            from .config import validate
                             validate(model, par)
                         except ValueError as err:
                             yield None, str(err)
