@@ -136,3 +136,46 @@ def overlap_worker(base: dict, bucket_size: int, iterations: int = 4, seed: int 
                      "all_reduce": [(lbl, ms(a), ms(b)) for _, lbl, a, b in sorted(events, key=lambda e: e[2])],
                      "iteration_ms": times}
     return out
+
+
+def weak_scaling(world_sizes=(1, 2), steps: int = 6, **config) -> list[dict]:
+    """Weak scaling (seed note 003: DP 2 kept the 1-GPU step time with twice the global batch):
+    the same micro batch per rank, global batch = micro batch x dp, median step time of
+    ``labkit.train`` (first step dropped: warm-up). Times vary from run to run."""
+    import statistics
+
+    from .training import train
+    rows = []
+    for n in world_sizes:
+        res = train(world_size=n, steps=steps, log_interval=0,
+                    global_batch_size=config.get("micro_batch_size", 2) * n, **config)
+        ms = statistics.median(res.iteration_ms[1:])
+        rows.append({"dp": n, "global batch": res.config.global_batch_size, "step ms (median)": round(ms, 1),
+                     "samples/s": round(res.config.global_batch_size / ms * 1e3, 1)})
+    return rows
+
+
+def reference_params(steps: int, seed: int = 0, **config) -> tuple[list[dict], list[float]]:
+    """Single-device parameters after each of ``steps`` steps, and its losses: ``labkit.reference``
+    run for k = 1..steps (an independent loop: whole global batch, one backward, plain AdamW)."""
+    from .reference import train_reference
+    params = [{n: p.detach() for n, p in train_reference(steps=k, seed=seed, return_model=True,
+                                                         **config)[1].named_parameters()}
+              for k in range(1, steps + 1)]
+    return params, train_reference(steps=steps, seed=seed, **config)
+
+
+def parity_table(results: list[dict], ref_params: list[dict], ref_losses: list[float], dp: int) -> list[dict]:
+    """One row per variant: max |param - single device| over all steps and ranks' replicas, and
+    max |loss - single device|; bytes per rank per step by op (rank 0, step 1)."""
+    rows = []
+    for name, out in results[0].items():
+        dparam = max(float((out["params"][k][n] - p).abs().max()) for k, ref in enumerate(ref_params)
+                     for n, p in ref.items())
+        dloss = max(abs(a - b) for a, b in zip(out["losses"], ref_losses))
+        replicas = max(r[name]["replica_max_diff"] for r in results)
+        rows.append({"dp": dp, "variant": name, "microbatches": out["num_microbatches"],
+                     "max |dparam|": f"{dparam:.1e}", "max |dloss|": f"{dloss:.1e}",
+                     "replicas differ": replicas != 0.0,
+                     **{op: int(v["bytes"]) for op, v in out["comm"][0].items()}})
+    return rows
