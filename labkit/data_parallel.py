@@ -21,8 +21,10 @@ The interface every DP implementation offers the Engine (labkit/parallelize.py):
     finish_grad_sync()                     after all microbatches: gradients averaged over dp
     grad_sq_sum(counts)                    sum of squared gradients this rank holds (for the norm)
     scale_grads(coef)                      gradient clipping
-    step()                                 optimizer step, then gradients set to None
+    step()                                 optimizer step, then gradients set to None (or zeroed)
     grads_sharded                          True when each rank holds only a shard of the gradients
+    memory, held_bytes()                   bytes of params/grads/optimizer held (at the last sync / now)
+    full_parameters()                      {name: full tensor}, for parity checks (gathers under ZeRO-3)
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
+OPS = ("all_reduce", "reduce_scatter", "all_gather")  # the collectives of DP and ZeRO
 VARIANTS = {  # name -> TrainConfig overrides; the chapter's table has one row per name
     "naive": {},
     "bucketed": {"ddp_bucket_size": 4096},
@@ -95,46 +96,49 @@ def memory_worker(stages, base: dict, seed: int = 0, steps: int = 2) -> dict:
 
 
 def overlap_worker(base: dict, bucket_size: int, iterations: int = 4, seed: int = 0) -> dict:
-    """Time one single-microbatch iteration of naive and bucketed DDP, phase by phase.
+    """Time single-microbatch iterations of naive and bucketed DDP, phase by phase.
 
     Returns {"naive"|"bucketed": {"phases": [(label, t0, t1)], "all_reduce": [(label, t0, t1)],
-    "iteration_ms": [...]}}, times in ms from the iteration's start, from the last iteration.
-    The all-reduce intervals are measured: launch time, and completion time taken by a callback
-    on the collective's future (gloo runs it on its own thread, so it overlaps the backward).
+    "iteration_ms": [...]}}, times in ms from the iteration's start, for the iteration of median
+    time (the first, warm-up, excluded). The all-reduce intervals are measured: launch time, and
+    completion time taken by a callback on the collective's future (gloo runs it on its own
+    thread, so it overlaps the backward).
     """
     from .data import load_tokens
     from .data_parallel import BucketedDataParallel, NaiveDataParallel
+    from .launcher import device
+    from .model import GPT
     cfg, topo, groups = _setup(base)
     tokens, out = load_tokens(), {}
     for name in ("naive", "bucketed"):
-        from .launcher import device
-        from .model import GPT
         model = GPT(cfg.model_config(), seed=seed).to(device())
         events: list = []
         named = list(model.named_parameters())
         dp = (NaiveDataParallel(named, groups["dp"], cfg, events=events) if name == "naive" else
               BucketedDataParallel(named, groups["dp"], cfg, bucket_size, events=events))
-        times = []
+        times, records = [], []
         for it in range(iterations):
             (x, y), = _batches(cfg, topo, it, seed, tokens)
             events.clear()
             dist.barrier()
-            t0 = time.perf_counter()
+            t = [time.perf_counter()]
             loss = model.loss(x, y)
-            t1 = time.perf_counter()
+            t.append(time.perf_counter())
             with dp.grad_sync_context(is_last_microbatch=True):
                 loss.backward()
-            t2 = time.perf_counter()
+            t.append(time.perf_counter())
             dp.finish_grad_sync()
-            t3 = time.perf_counter()
+            t.append(time.perf_counter())
             dp.step()
-            t4 = time.perf_counter()
-            times.append((t4 - t0) * 1e3)
-        ms = lambda t: (t - t0) * 1e3  # noqa: E731
-        out[name] = {"phases": [("forward", 0.0, ms(t1)), ("backward", ms(t1), ms(t2)),
-                                ("wait for grads", ms(t2), ms(t3)), ("optimizer", ms(t3), ms(t4))],
-                     "all_reduce": [(lbl, ms(a), ms(b)) for _, lbl, a, b in sorted(events, key=lambda e: e[2])],
-                     "iteration_ms": times}
+            t.append(time.perf_counter())
+            ms = [(v - t[0]) * 1e3 for v in t]
+            times.append(ms[-1])
+            records.append({"phases": [(label, ms[i], ms[i + 1]) for i, label in
+                                       enumerate(("forward", "backward", "wait for grads", "optimizer"))],
+                            "all_reduce": [(lbl, (a - t[0]) * 1e3, (b - t[0]) * 1e3)
+                                           for _, lbl, a, b in sorted(events, key=lambda e: e[2])]})
+        later = sorted(range(1, iterations), key=lambda i: times[i]) or [0]
+        out[name] = dict(records[later[len(later) // 2]], iteration_ms=times)
     return out
 
 
@@ -177,5 +181,5 @@ def parity_table(results: list[dict], ref_params: list[dict], ref_losses: list[f
         rows.append({"dp": dp, "variant": name, "microbatches": out["num_microbatches"],
                      "max |dparam|": f"{dparam:.1e}", "max |dloss|": f"{dloss:.1e}",
                      "replicas differ": replicas != 0.0,
-                     **{op: int(v["bytes"]) for op, v in out["comm"][0].items()}})
+                     **{op: int(out["comm"][0].get(op, {}).get("bytes", 0)) for op in OPS}})
     return rows

@@ -24,13 +24,13 @@ def plot_memory(held: dict, ax=None):
                 ax.bar(x, per_param, width * 0.9, bottom=bottom, color=color,
                        label=part if (stage, j) == (0, 0) else None)
                 bottom += per_param
-            ax.text(x, bottom + 0.2, f"{bottom:g}".rstrip("0").rstrip("."), ha="center", fontsize=7)
+            ax.text(x, bottom + 0.2, f"{bottom:g}", ha="center", fontsize=7)
             ax.text(x, -1.0, f"{dp}", ha="center", fontsize=7)
     ax.set_xticks(range(4), ["plain DP\n(ZeRO-0)", "ZeRO-1\noptimizer", "ZeRO-2\n+ grads", "ZeRO-3 / FSDP\n+ params"])
     ax.tick_params(axis="x", pad=14)
     ax.set_ylabel("bytes per parameter on one rank (measured)")
     ax.set_ylim(-1.6, 18)
-    ax.set_title(f"fp32 AdamW, dp = {', '.join(map(str, dps))} (small numbers under the bars)")
+    ax.set_title(f"fp32 AdamW; the number under each bar is dp ({', '.join(map(str, dps))})")
     ax.legend(loc="upper right")
     return ax
 
@@ -39,7 +39,7 @@ def plot_overlap(out: dict, axes=None):
     """``out`` from ``overlap_worker`` on one rank: {"naive"|"bucketed": {"phases", "all_reduce"}}."""
     import matplotlib.pyplot as plt
     if axes is None:
-        _, axes = plt.subplots(2, 1, figsize=(10, 3.8), sharex=True)
+        _, axes = plt.subplots(2, 1, figsize=(11, 3.8), sharex=True)
     colors = {"forward": "#4c72b0", "backward": "#55a868", "wait for grads": "#cccccc", "optimizer": "#8172b2"}
     for ax, name in zip(axes, ("naive", "bucketed")):
         run = out[name]
@@ -51,6 +51,6 @@ def plot_overlap(out: dict, axes=None):
         end = run["phases"][-1][2]
         ax.set_yticks([0, 1], ["communication", "compute"])
         ax.set_title(f"{name}: {len(run['all_reduce'])} all-reduces, iteration {end:.0f} ms")
-        ax.legend(loc="upper right", fontsize=7, ncol=5)
+    axes[0].legend(*axes[0].get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     axes[-1].set_xlabel("ms since the start of the iteration (rank 0, measured on gloo)")
     return axes

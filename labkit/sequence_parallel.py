@@ -17,7 +17,9 @@ This module holds what is specific to SP:
   whose partial gradients the Engine sums over tp (``finalize_model_grads``);
 * :func:`saved_activations` - measure what autograd keeps for the backward (unique storages), and
   :func:`labkit_layer_activation_bytes` - the same count, itemized, for labkit's transformer layer,
-  to set next to Korthikanti's formula (``labkit.calc.memory.activation_bytes_per_layer``).
+  to set next to Korthikanti's formula (``labkit.calc.memory.activation_bytes_per_layer``);
+* advanced: :func:`use_regather` - Megatron's memory-saving column-parallel GEMM, which keeps the
+  input shard and all-gathers it again in the backward (its own parity test).
 """
 from __future__ import annotations
 
@@ -82,13 +84,15 @@ def saved_activations(fn, *args, exclude=()) -> tuple[SavedActivations, object]:
 
 
 def labkit_layer_activation_bytes(seq_length, micro_batch_size, hidden_size, num_attention_heads,
-                                  tp=1, sequence_parallel=False, bytes_per_element=4) -> dict:
+                                  tp=1, sequence_parallel=False, bytes_per_element=4,
+                                  regather=False) -> dict:
     """What labkit's TransformerLayer saves on one TP rank, itemized (dropout 0, ffn = 4h).
 
     Korthikanti et al. 2022 count the same tensors in 16-bit plus the dropout masks and outputs;
     the differences are the subject of the chapter's table. Under SP, labkit keeps the all-gathered
     [b, s, h] inputs of linear_qkv and linear_fc1 (autograd saves the gathered tensor); Megatron
-    keeps the [b, s/t, h] shard and all-gathers it again in the backward.
+    keeps the [b, s/t, h] shard and all-gathers it again in the backward (``regather=True``: labkit's
+    advanced variant, :func:`use_regather`).
     """
     s, b, h, a, t, e = seq_length, micro_batch_size, hidden_size, num_attention_heads, tp, bytes_per_element
     sp = sequence_parallel and t > 1
@@ -96,7 +100,7 @@ def labkit_layer_activation_bytes(seq_length, micro_batch_size, hidden_size, num
     return {
         "layer norm inputs (2)": 2 * sbh * e / shard,
         "layer norm mean and rstd (2 x 2)": 4 * s * b * e / shard,
-        "linear_qkv and linear_fc1 inputs": 2 * sbh * e,          # gathered under SP
+        "linear_qkv and linear_fc1 inputs": 2 * sbh * e / (t if sp and regather else 1),  # gathered
         "Q, K, V": 3 * sbh * e / t,
         "softmax output": b * a * s * s * e / t,
         "causal mask (bool)": s * s,
@@ -107,7 +111,7 @@ def labkit_layer_activation_bytes(seq_length, micro_batch_size, hidden_size, num
 
 
 def korthikanti_gaps(seq_length, micro_batch_size, hidden_size, num_attention_heads, tp=1,
-                     sequence_parallel=False) -> dict:
+                     sequence_parallel=False, regather=False) -> dict:
     """Bytes (16-bit accounting) to ADD to labkit's count to get Korthikanti et al.'s per-layer count.
 
     ``labkit_layer_activation_bytes(..., bytes_per_element=2) + sum(gaps) ==
@@ -123,7 +127,51 @@ def korthikanti_gaps(seq_length, micro_batch_size, hidden_size, num_attention_he
         "layer norm mean and rstd (labkit counts them; the paper does not)": -4 * s * b * 2 / shard,
         "causal mask (labkit builds it per call; the paper does not count it)": -s * s,
     }
-    if sp:
+    if sp and not regather:
         gaps["linear_qkv/linear_fc1 inputs: labkit keeps them gathered, Megatron re-gathers"] = \
             -2 * sbh * 2 * (1 - 1 / t)
     return gaps
+
+
+# ---------------------------------------------------------------------------------------------
+# Advanced variant: Megatron's memory-saving column-parallel GEMM under SP
+# ---------------------------------------------------------------------------------------------
+class _GatherLinearRegather(torch.autograd.Function):
+    """y = all_gather_seq(x) W^T + b, saving the [b, s/t, in] SHARD x instead of the gathered input;
+    the backward all-gathers x again for the weight gradient (Megatron-LM's
+    ``LinearWithGradAccumulationAndAsyncCommunication`` with sequence_parallel, minus its overlap)."""
+
+    @staticmethod
+    def forward(ctx, group, x, weight, bias):               # x [b, s/t, in], weight [out/t, in]
+        from . import comm
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.save_for_backward(x, weight)
+        total = comm.all_gather(group, x, dim=1)            # [b, s, in], freed after the GEMM
+        return torch.nn.functional.linear(total, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):                            # [b, s, out/t]
+        from . import comm
+        x, weight = ctx.saved_tensors
+        total = comm.all_gather(ctx.group, x, dim=1)        # the extra all-gather: memory for bytes
+        grad_total = grad_out @ weight                      # [b, s, in]: partial over tp ranks
+        grad_x = comm.reduce_scatter(ctx.group, grad_total, dim=1)  # sum, keep my positions
+        grad_w = grad_out.flatten(0, 1).t() @ total.flatten(0, 1)   # [out/t, in]
+        grad_b = grad_out.sum(dim=(0, 1)) if ctx.has_bias else None
+        return None, grad_x, grad_w, grad_b
+
+
+def linear_with_sequence_regather(group, x, weight, bias=None):
+    """Column-parallel GEMM on a sequence shard that keeps only the shard for the backward."""
+    return _GatherLinearRegather.apply(group, x, weight, bias)
+
+
+def use_regather(module: nn.Module) -> nn.Module:
+    """Advanced: switch every sequence-parallel ColumnParallelLinear in ``module`` to
+    :func:`linear_with_sequence_regather` (2*s*b*h*(1-1/t) bytes less per layer, one more
+    all-gather per GEMM in the backward). Returns ``module``."""
+    from .tensor_parallel import ColumnParallelLinear
+    for m in module.modules():
+        if isinstance(m, ColumnParallelLinear) and m.sequence_parallel:
+            m.regather_input = True
+    return module

@@ -29,7 +29,7 @@ from torch import nn
 from . import comm
 from .groups import Group
 from .model import causal_attention
-from .sequence_parallel import mark_sequence_parallel, sequence_range
+from .sequence_parallel import linear_with_sequence_regather, mark_sequence_parallel, sequence_range
 from .vocab_parallel import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
@@ -65,7 +65,12 @@ class ColumnParallelLinear(nn.Module):
         bias = None if linear.bias is None else linear.bias[rows]
         return cls(linear.weight[rows], bias, group, **kw)
 
+    regather_input = False  # advanced (labkit.sequence_parallel.use_regather): Megatron's saving
+
     def forward(self, x):
+        if self.sequence_parallel and self.regather_input:
+            y = linear_with_sequence_regather(self.group, x, self.weight, self.bias)
+            return comm.gather_from(self.group, y, -1) if self.gather_output else y
         if self.sequence_parallel:
             x = comm.gather_from_sequence(self.group, x)   # [b, s/t, in] -> [b, s, in]
         else:
@@ -110,6 +115,7 @@ class ParallelAttention(nn.Module):
     def __init__(self, linear_qkv: ColumnParallelLinear, linear_proj: RowParallelLinear, head_dim: int):
         super().__init__()
         self.linear_qkv, self.linear_proj, self.head_dim = linear_qkv, linear_proj, head_dim
+        self.attention_dropout = 0.0
 
     @classmethod
     def from_dense(cls, attention, group: Group, sequence_parallel: bool = False):
@@ -126,8 +132,6 @@ class ParallelAttention(nn.Module):
         new.train(attention.training)
         new.attention_dropout = attention.attention_dropout
         return new
-
-    attention_dropout = 0.0
 
     def forward(self, x):                                  # [b, s, h] (or [b, s/t, h] under SP)
         qkv = self.linear_qkv(x)                           # [b, s, 3h/t]: my a/t heads
@@ -232,6 +236,11 @@ def apply_tensor_parallel(model, group: Group, sequence_parallel: bool = False) 
     _divide(cfg.vocab_size, t, "padded vocab_size")
     if sequence_parallel:
         _divide(cfg.seq_length, t, "seq_length (sequence parallel shards the sequence)")
+    if t > 1 and (cfg.hidden_dropout > 0 or cfg.attention_dropout > 0):
+        # replicated activations need the same mask on every tp rank, TP regions and SP shards
+        # different ones: Megatron's CUDA RNG tracker, which labkit does not implement
+        raise ValueError(f"dropout (hidden {cfg.hidden_dropout}, attention {cfg.attention_dropout}) "
+                         f"with tensor_model_parallel_size {t} needs per-region RNG states: use 0")
     return TensorParallelGPT(model, group, sequence_parallel)
 
 

@@ -83,6 +83,10 @@ class TrainConfig:
             raise ValueError(f"seq_length {self.seq_length} is not divisible by "
                              f"tensor_model_parallel_size {tp}: sequence parallelism gives each TP "
                              f"rank s/t positions")
+        if tp > 1 and (self.hidden_dropout > 0 or self.attention_dropout > 0):
+            raise ValueError(f"dropout (hidden {self.hidden_dropout}, attention "
+                             f"{self.attention_dropout}) with tensor_model_parallel_size {tp} needs "
+                             f"per-region RNG states (Megatron's RNG tracker): use 0")
         if self.context_parallel_size > 1:
             raise ValueError("context_parallel_size > 1 is not implemented in labkit.train yet")
         if self.zero_stage not in (0, 1, 2, 3):

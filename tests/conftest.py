@@ -1,18 +1,7 @@
-"""Shared pytest set-up: the nbval sanitizer, the gpu marker, and small helpers for rank tests."""
+"""Shared pytest set-up: the gpu marker. (The nbval sanitizer is set in pyproject.toml.)"""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-SANITIZE = ROOT / "tests" / "nbval_sanitize.cfg"
-
-
-def pytest_configure(config):
-    # Every nbval run uses the project's sanitizer (values that truly vary: timings, addresses).
-    if hasattr(config.option, "nbval_sanitize_with") and not config.option.nbval_sanitize_with:
-        config.option.nbval_sanitize_with = str(SANITIZE)
 
 
 def cuda_devices() -> int:

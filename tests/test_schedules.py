@@ -171,3 +171,15 @@ def test_validate_grid_summary():
             if m % p == 0:
                 validate(S.interleaved(p, v, m)); n += 1
     assert n > 100
+
+
+def test_public_api_names_and_signatures():
+    """The book and external checks call these names; keep them (issue 6)."""
+    import inspect
+    assert list(inspect.signature(S.gpipe).parameters) == ["p", "m"]
+    assert list(inspect.signature(S.one_f_one_b).parameters) == ["p", "m"]
+    assert list(inspect.signature(S.interleaved).parameters) == ["p", "v", "m"]
+    a = S.interleaved(2, 2, 2)[1][0]
+    assert (a.kind, a.microbatch, a.chunk) == ("F", 0, 0)
+    assert {x.kind for x in S.zb_h1(2, 2)[0]} == {"F", "B", "W"}
+    assert all(x.chunk == 0 for x in S.one_f_one_b(3, 3)[0])

@@ -13,6 +13,7 @@ import torch
 from torch.testing import assert_close
 
 import labkit
+from labkit.calc import comm as calc_comm
 from labkit.calc.comm import tp_layer_bytes
 from labkit.calc.memory import activation_bytes_per_layer
 from labkit.check.tensor_parallel import block_parity
@@ -102,3 +103,22 @@ def test_sp_train_losses_equal_single_device_over_5_steps(tp, world_size):
     reference = train_reference(steps=5, seed=0, tp_vocab_padding=tp, **TRAIN)
     assert_close(torch.tensor(result.losses), torch.tensor(reference), atol=5e-6, rtol=0)
     assert "reduce_scatter" in result.ranks[0]["comm"]["tp"]   # SP really ran
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_regather_variant_equals_dense_saves_the_gathered_inputs_and_pays_two_all_gathers(tp):
+    """Advanced variant (use_regather): Megatron's memory-saving SP GEMM, with its own parity test."""
+    ranks = block_parity(tp, sequence_parallel=True, regather=True)
+    sp = tp_layer_bytes(S, B, H, tp, bytes_per_element=8, sequence_parallel=True)
+    extra = 2 * calc_comm.all_gather_bytes(S * B * H * 8, tp)   # one re-gather per column GEMM
+    expected_saved = sum(labkit_layer_activation_bytes(S, B, H, A, tp, True, 8, regather=True).values())
+    for r, res in enumerate(ranks):
+        for what, (got, expected) in res["pairs"].items():
+            assert_close(got, expected, **F64, msg=lambda m: f"tp {tp}, rank {r}, {what}: {m}")
+        assert res["comm"]["all_gather"]["calls"] == 6
+        assert res["comm"]["all_gather"]["bytes"] == pytest.approx(sp["all_gather"] + extra, rel=1e-12)
+        assert res["comm"]["reduce_scatter"]["bytes"] == pytest.approx(sp["reduce_scatter"], rel=1e-12)
+        assert res["saved_bytes"] == expected_saved
+    ours = sum(labkit_layer_activation_bytes(S, B, H, A, tp, True, 2, regather=True).values())
+    gaps = sum(korthikanti_gaps(S, B, H, A, tp, True, regather=True).values())
+    assert ours + gaps == pytest.approx(activation_bytes_per_layer(S, B, H, A, tp, True), rel=1e-12)

@@ -144,6 +144,12 @@ def test_apply_tensor_parallel_rejects_bad_shapes_before_any_communication():
         ParallelAttention.from_dense(model.decoder.layers[0].self_attention, fake)
 
 
+def test_dropout_with_tp_is_refused_until_rng_states_exist():
+    with pytest.raises(ValueError, match="dropout .*tensor_model_parallel_size 2"):
+        TrainConfig(tensor_model_parallel_size=2, hidden_dropout=0.1).validate(2)
+    TrainConfig(tensor_model_parallel_size=1, hidden_dropout=0.1).validate(1)  # no TP: allowed
+
+
 @pytest.mark.gpu(devices=2)
 def test_block_and_training_parity_on_nccl_at_tp_equal_number_of_gpus():
     n = torch.cuda.device_count()

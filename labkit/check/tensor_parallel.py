@@ -169,7 +169,8 @@ def _shard_of(name: str, dense_grad, r: int, t: int):
     return dense_grad
 
 
-def _block_worker(sequence_parallel: bool, dtype: str, cfg_kw: dict, micro_batch_size: int, seed: int):
+def _block_worker(sequence_parallel: bool, dtype: str, cfg_kw: dict, micro_batch_size: int, seed: int,
+                  regather: bool = False):
     import copy
 
     import torch
@@ -178,7 +179,7 @@ def _block_worker(sequence_parallel: bool, dtype: str, cfg_kw: dict, micro_batch
     from labkit.launcher import device
     from labkit.model import GPTConfig, TransformerLayer
     from labkit.parallelize import all_reduce_sequence_parallel_grads
-    from labkit.sequence_parallel import mark_sequence_parallel, saved_activations
+    from labkit.sequence_parallel import mark_sequence_parallel, saved_activations, use_regather
     from labkit.tensor_parallel import ParallelAttention, ParallelMLP
 
     group, dev, dt = world_group(), device(), getattr(torch, dtype)
@@ -195,6 +196,8 @@ def _block_worker(sequence_parallel: bool, dtype: str, cfg_kw: dict, micro_batch
     cut.mlp = ParallelMLP.from_dense(cut.mlp, group, sequence_parallel)
     if sequence_parallel:
         mark_sequence_parallel(cut)
+    if regather:
+        use_regather(cut)
     b, s, h = micro_batch_size, cfg.seq_length, cfg.hidden_size
     x = torch.randn(b, s, h, generator=gen, dtype=dt).to(dev).requires_grad_()
     dy = torch.randn(b, s, h, generator=gen, dtype=dt).to(dev)
@@ -215,13 +218,14 @@ def _block_worker(sequence_parallel: bool, dtype: str, cfg_kw: dict, micro_batch
 
 def block_parity(tp: int, sequence_parallel: bool = False, dtype: str = "float64", seq_length: int = 16,
                  hidden_size: int = 32, num_attention_heads: int = 4, micro_batch_size: int = 2,
-                 seed: int = 0, backend: str = "auto") -> list[dict]:
+                 seed: int = 0, backend: str = "auto", regather: bool = False) -> list[dict]:
     """Run one TransformerLayer dense and cut over ``tp`` ranks; per rank (rank order): ``pairs``
     {what: (tp value, dense value)} for the output, the input gradient and every parameter's
     gradient (the matching dense slice), ``comm`` (bytes and calls of the forward + backward) and
-    the activations saved for the backward (``saved_bytes``, ``saved`` [(bytes, shape)])."""
+    the activations saved for the backward (``saved_bytes``, ``saved`` [(bytes, shape)]).
+    ``regather``: SP with Megatron's re-gathering GEMMs (``labkit.sequence_parallel.use_regather``)."""
     from labkit.launcher import launch
     cfg_kw = dict(num_layers=1, hidden_size=hidden_size, num_attention_heads=num_attention_heads,
                   seq_length=seq_length, vocab_size=256)
-    return launch(_block_worker, tp, sequence_parallel, dtype, cfg_kw, micro_batch_size, seed,
+    return launch(_block_worker, tp, sequence_parallel, dtype, cfg_kw, micro_batch_size, seed, regather,
                   backend=backend, timeout=120.0)
