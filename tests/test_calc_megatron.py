@@ -190,3 +190,21 @@ def test_multi_latent_attention_and_mtp_by_hand():
     per_token = 6 * 64 * 256 * 2 * 3 + 3 * attn_f + 6 * (3 * 64 + 2 * 64 * 64) + 6 * 64 * 128 * 2
     assert per_token == 895392
     assert e["flops_per_iteration"] == 32 * per_token
+
+
+def test_megatron_refuses_heads_not_divisible_by_tp_like_megatron_does():
+    # GPT-2 XL has 25 heads: Megatron asserts at start-up, so the estimate must not answer.
+    with pytest.raises(ValueError, match="num_attention_heads divisible by TP; 25 % 2 != 0"):
+        megatron_estimate(world_size=8, num_layers=48, hidden_size=1600, num_attention_heads=25,
+                          seq_length=1024, vocab_size=50257, micro_batch_size=1,
+                          tensor_model_parallel_size=2)
+
+
+def test_cli_takes_the_vocabulary_from_a_gpt2_vocab_file(capsys):
+    from labkit.calc import cli
+    flags = ["--world-size", "8", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+             "--seq-length", "32", "--micro-batch-size", "1"]
+    assert cli.main(flags) == 2 and "--vocab-size" in capsys.readouterr().err
+    assert cli.main(flags + ["--vocab-file", "gpt2-vocab.json"]) == 0
+    out = capsys.readouterr().out
+    assert "vocab size 50257" in out and "padded vocab size: 50304" in out

@@ -52,6 +52,16 @@ def main(argv=None) -> int:
     args, unknown = estimate_parser().parse_known_args(argv)
     kw = {k: v for k, v in vars(args).items() if v is not None and k not in ("world_size", "json")}
     kw.setdefault("group_query_attention", False)  # as in Megatron: groups count only with the flag
+    note = None
+    if "vocab_size" not in kw and "padded_vocab_size" not in kw:
+        # Megatron reads the vocabulary from the tokenizer; pretrain_gpt.py's usual one is GPT-2 BPE.
+        gpt2 = any(u.startswith("--vocab-file") or u == "GPT2BPETokenizer" for u in unknown)
+        if gpt2:
+            kw["vocab_size"], note = 50257, "vocab size 50257 from the GPT-2 BPE tokenizer (--vocab-file)"
+        else:
+            print("error: the vocabulary size comes from the tokenizer: pass --vocab-size N "
+                  "(GPT-2 BPE: 50257) or Megatron's --vocab-file", file=sys.stderr)
+            return 2
     try:
         est = megatron_estimate(world_size=args.world_size, **kw)
     except ValueError as err:
@@ -63,6 +73,8 @@ def main(argv=None) -> int:
         return 0
     if ignored:
         print(f"(ignored, not used by the estimate: {' '.join(ignored)})")
+    if note:
+        print(f"({note})")
     print(f"data-parallel size: {est['data_parallel_size']}, "
           f"number of microbatches: {est['num_microbatches']}, "
           f"padded vocab size: {est['padded_vocab_size']}")

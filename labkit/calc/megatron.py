@@ -50,6 +50,11 @@ def megatron_args(world_size: int, **kwargs) -> SimpleNamespace:
     if world_size % (tp * pp * cp):
         raise ValueError(f"rule: world_size divisible by TP*PP*CP; {world_size} % {tp * pp * cp} != 0")
     a.data_parallel_size = world_size // (tp * pp * cp)
+    # the model-parallel asserts Megatron makes at start-up (it refuses to launch otherwise)
+    if a.num_attention_heads % tp:
+        raise ValueError(f"rule: num_attention_heads divisible by TP; {a.num_attention_heads} % {tp} != 0")
+    if a.num_query_groups is not None and a.num_query_groups % tp:
+        raise ValueError(f"rule: num_query_groups divisible by TP; {a.num_query_groups} % {tp} != 0")
     if a.global_batch_size is None:
         a.global_batch_size = a.micro_batch_size * a.data_parallel_size
     if a.global_batch_size % (a.micro_batch_size * a.data_parallel_size):
