@@ -5,8 +5,11 @@ Tier 2 (gloo ranks, DP 1, 2, 4; with and without accumulation): parameters after
 AdamW steps, losses and grad norms equal single-device training (tests/dp_parity.py; fp32,
 tolerances there); all-reduce bytes per step equal labkit.calc's ring formula exactly, once per
 step whatever the number of microbatches (no_sync); bucketed all-reduces start during the
-backward, naive ones after it (event order, not timing); labkit.train equals the reference loss
-by loss; bad configurations raise ValueError before any process starts.
+backward, naive ones after it (event order, not timing); labkit.train with each flag
+(ddp_bucket_size, use_distributed_optimizer, zero_stage 2/3) equals the reference loss by loss;
+bucketed DDP composes with PP 2 x DP 2 (float64); the lab's bucket-hook check fails a hook that
+forgets / dp; bad configurations raise ValueError before any process starts.
+GPU (marked, skipped on CPU): every variant on NCCL, 2 GPUs, with the step times printed.
 """
 import pytest
 import torch
@@ -79,12 +82,23 @@ def test_overlap_event_order():
         assert all(a >= bwd_end for _, a, _ in res["naive"]["all_reduce"])
 
 
-def test_train_losses_equal_reference():
-    kw = dict(dp_parity.MODEL, global_batch_size=8)
-    expected = train_reference(steps=5, micro_batch_size=8, **kw)
-    got = labkit.train(world_size=2, steps=5, micro_batch_size=2, ddp_bucket_size=4096, log_interval=0, **kw)
-    torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(expected), rtol=1e-5, atol=2e-6)
-    assert got.ranks[0]["memory"]["grads"] == got.ranks[0]["memory"]["params"]
+@pytest.fixture(scope="module")
+def ref_losses():
+    return train_reference(steps=5, micro_batch_size=8, global_batch_size=8, **dp_parity.MODEL)
+
+
+@pytest.mark.parametrize("flags", [{}, {"ddp_bucket_size": 4096}, {"use_distributed_optimizer": True},
+                                   {"zero_stage": 2}, {"zero_stage": 3}], ids=str)
+def test_train_losses_equal_reference(ref_losses, flags):
+    """labkit.train itself (Megatron-style flags), DP 2 with 2 microbatches per rank."""
+    got = labkit.train(world_size=2, steps=5, micro_batch_size=2, global_batch_size=8, log_interval=0,
+                       **dp_parity.MODEL, **flags)
+    torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(ref_losses), rtol=1e-5, atol=2e-6)
+    stage = flags.get("zero_stage", 1 if flags.get("use_distributed_optimizer") else 0)
+    held = got.ranks[0]["memory"]  # result.ranks[r]["memory"]: what the rank held at its last sync
+    # AdamW's 8 B/param vs the 4 B/param of weights: 2x, unless the moments are sharded over the
+    # 2 ranks and the weights are not (ZeRO-1/2: 1x); ZeRO-3 shards both (2x again)
+    assert held["optimizer"] == {0: 2, 1: 1, 2: 1, 3: 2}[stage] * held["params"], held
 
 
 @pytest.mark.parametrize("kw, rule", [
@@ -129,3 +143,19 @@ def test_nccl_parity_and_weak_scaling(variant):
     got = labkit.train(world_size=2, steps=5, micro_batch_size=2, backend="nccl", log_interval=0, **kw)
     torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(expected), rtol=1e-4, atol=1e-5)
     print(variant, "DP 2 step ms", [round(t, 1) for t in got.iteration_ms])
+
+
+def test_check_bucket_hook_catches_missing_average(capsys):
+    """The lab's check fails a hook that forgets / dp, and says the gradients are dp x the mean
+    (its passing path, with the reference hook, runs in labs/data-parallel-lab.ipynb)."""
+    from labkit.check import data_parallel as check
+    from labkit.data_parallel import all_reduce_async
+
+    def summing_hook(bucket, param):
+        bucket.ready.add(id(param))
+        if len(bucket.ready) == len(bucket.params):
+            bucket.buffer = torch.cat([p.grad.reshape(-1) for p in bucket.params])  # no / dp
+            bucket.work = all_reduce_async(bucket.group, bucket.buffer)
+
+    result = check.bucket_hook(summing_hook)
+    assert not result and "2x the mean" in result.hint, result.line()

@@ -9,6 +9,8 @@ Tier 2 (gloo ranks):
   microbatches stage 2 reduce-scatters m times and stage 3 also all-gathers 2m times (per-op
   counts from the same calc formulas).
 * Memory held per rank, DP 1/2/4/8 x ZeRO 0-3, equals labkit.calc.memory.zero_memory_per_rank.
+* Gradient clipping on shards (float64) follows the clipped single-device run; the lab's ZeRO-1
+  check fails a step that forgets the all-gather.
 """
 import pytest
 import torch
@@ -115,3 +117,16 @@ def test_gradient_clipping_on_shards():
     torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(expected), rtol=1e-12, atol=1e-12)
     unclipped = train_reference(steps=4, micro_batch_size=8, **dict(cfg, clip_grad=0.0))
     assert max(abs(a - b) for a, b in zip(unclipped, expected)) > 1e-8  # clipping did change training
+
+
+def test_check_zero1_step_catches_missing_all_gather():
+    """The lab's check fails a ZeRO-1 step that never all-gathers: other ranks' shards are stale."""
+    from labkit import comm
+    from labkit.check import data_parallel as check
+
+    def no_gather(group, flat_params, flat_grads, shard, optimizer):
+        shard.grad = comm.reduce_scatter(group, flat_grads) / group.size
+        optimizer.step()
+
+    result = check.zero1_step(no_gather, world_size=2)
+    assert not result and "all-gather" in result.hint, result.line()
