@@ -43,7 +43,7 @@ def test_float64_parity_is_exact_to_1e12():
     (dict(world_size=4, micro_batch_size=3, global_batch_size=8), "global_batch_size 8 is not divisible by micro_batch_size \\* dp = 3 \\* 4 = 12"),
     (dict(world_size=4, tensor_model_parallel_size=3), "world_size 4 is not divisible by tp\\*pp\\*cp"),
     (dict(world_size=2, num_attention_heads=5, hidden_size=60, tensor_model_parallel_size=2), "num_attention_heads 5 is not divisible by tensor_model_parallel_size 2"),
-    (dict(world_size=1, ddp_bucket_size=0), "ddp_bucket_size must be > 0"),
+    (dict(world_size=1, ddp_bucket_size=0), "ddp_bucket_size must be a positive number of elements, got 0"),
     (dict(world_size=1, zero_stage=4), "zero_stage must be 0, 1, 2 or 3"),
     (dict(world_size=1, micro_batch_size=0), "micro_batch_size must be a positive integer"),
     (dict(world_size=1, hidden_sizee=64), "unknown configuration \\['hidden_sizee'\\]"),
