@@ -20,6 +20,7 @@ of a second after the first (README, "Benchmarks").
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import multiprocessing as mp
@@ -285,7 +286,15 @@ def _run_in_process(fn, world_size, args, kwargs, backend):
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(backend)
+        atexit.register(_leave_together)  # a live group torn down at exit aborts the process
     out = fn(*args, **kwargs)
     gathered = [None] * world_size
     dist.all_gather_object(gathered, out)
     return gathered
+
+
+def _leave_together() -> None:
+    """At exit under torchrun: wait for every rank, then close the group we opened."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -41,6 +41,14 @@ def _requirements():
     return None
 
 
+def _stale_sources() -> list[str]:
+    """labkit files whose copy in the built book differs from the working tree."""
+    import json
+    src = HTML / "_static" / "labkit_src"
+    files = json.loads((src / "manifest.json").read_text())["files"]
+    return [f for f in files if (src / f).read_bytes() != (ROOT / f).read_bytes()]
+
+
 class _Handler(http.server.SimpleHTTPRequestHandler):
     extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
                       ".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/javascript"}
@@ -54,6 +62,10 @@ def page():
     reason = _requirements()
     if reason:
         pytest.skip(reason)
+    stale = _stale_sources()
+    if stale:  # the page would run old formulas: a real mismatch, not a missing tool
+        pytest.fail(f"the built book carries old copies of {stale}: rebuild it with "
+                    f"`jupyter-book build . -W -n --keep-going` before running this test")
     from playwright.sync_api import sync_playwright
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(HTML)))
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -81,6 +81,11 @@ def test_dp_step_bytes_by_stage():
     assert c.dp_step_bytes(400, 4, 1) == c.dp_step_bytes(400, 4, 2) == {"reduce_scatter": 300.0, "all_gather": 300.0}
     assert c.dp_step_bytes(400, 4, 3) == {"reduce_scatter": 300.0, "all_gather": 600.0}
     assert c.dp_step_bytes(400, 4, 1, grad_bytes=800) == {"reduce_scatter": 600.0, "all_gather": 300.0}
+    # gradient accumulation over m microbatches: stages 0 and 1 still sync once, 2 and 3 per microbatch
+    assert c.dp_step_bytes(400, 4, 0, num_microbatches=3) == {"all_reduce": 600.0}
+    assert c.dp_step_bytes(400, 4, 1, num_microbatches=3) == {"reduce_scatter": 300.0, "all_gather": 300.0}
+    assert c.dp_step_bytes(400, 4, 2, num_microbatches=3) == {"reduce_scatter": 900.0, "all_gather": 300.0}
+    assert c.dp_step_bytes(400, 4, 3, num_microbatches=3) == {"reduce_scatter": 900.0, "all_gather": 1800.0}
     with pytest.raises(ValueError, match="zero_stage"):
         c.dp_step_bytes(400, 4, 4)
 

@@ -46,29 +46,37 @@ def all_to_all_bytes(n_bytes, n) -> float:
 
 
 # --------------------------------------------------------------------------- per strategy
-def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None) -> dict:
+def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None, num_microbatches=1) -> dict:
     """Bytes one data-parallel rank sends per optimizer step, by collective (chapter "Data parallel").
 
     P = ``param_bytes`` (all parameters of one replica), G = ``grad_bytes`` (defaults to P: the
-    labs train in fp32, so gradients have the parameters' size).
+    labs train in fp32, so gradients have the parameters' size), m = ``num_microbatches``.
 
-    - stage 0 (plain DP):    all-reduce the gradients                  {"all_reduce": 2(n-1)/n G}
-    - stage 1, 2 (ZeRO-1/2): reduce-scatter the gradients, each rank updates its shard, then
-      all-gather the updated parameters  {"reduce_scatter": (n-1)/n G, "all_gather": (n-1)/n P}
-    - stage 3 (ZeRO-3/FSDP): reduce-scatter the gradients; parameters are all-gathered twice per
-      step, once for the forward and once for the backward, and never after the step, since each
-      rank keeps only its shard   {"reduce_scatter": (n-1)/n G, "all_gather": 2(n-1)/n P}
+    - stage 0 (plain DP):    all-reduce the gradients once           {"all_reduce": 2(n-1)/n G}
+    - stage 1 (ZeRO-1):      reduce-scatter the accumulated gradients once, each rank updates its
+      shard, all-gather the updated parameters once  {"reduce_scatter": (n-1)/n G, "all_gather": (n-1)/n P}
+    - stage 2 (ZeRO-2):      a full gradient is never kept, so every microbatch's gradients are
+      reduce-scattered: {"reduce_scatter": m (n-1)/n G, "all_gather": (n-1)/n P}
+    - stage 3 (ZeRO-3/FSDP): reduce-scatter after every microbatch; parameters all-gathered before
+      every forward and every backward (they are freed in between), never after the step
+      {"reduce_scatter": m (n-1)/n G, "all_gather": 2m (n-1)/n P}
 
-    Stage 1/2 move the same bytes as plain DP (Rajbhandari et al. 2020, Sec. 7); stage 3 moves 1.5x.
+    With m = 1, stage 1/2 move the same bytes as plain DP (Rajbhandari et al. 2020, Sec. 7) and
+    stage 3 moves 1.5x; gradient accumulation multiplies the cost of stages 2 and 3 only.
     """
     g = param_bytes if grad_bytes is None else grad_bytes
+    m = num_microbatches
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"num_microbatches must be a positive integer, got {m!r}")
     if zero_stage == 0:
         return {"all_reduce": ring_all_reduce_bytes(g, dp)}
-    if zero_stage in (1, 2):
+    if zero_stage == 1:
         return {"reduce_scatter": reduce_scatter_bytes(g, dp), "all_gather": all_gather_bytes(param_bytes, dp)}
+    if zero_stage == 2:
+        return {"reduce_scatter": m * reduce_scatter_bytes(g, dp), "all_gather": all_gather_bytes(param_bytes, dp)}
     if zero_stage == 3:
-        return {"reduce_scatter": reduce_scatter_bytes(g, dp),
-                "all_gather": 2 * all_gather_bytes(param_bytes, dp)}
+        return {"reduce_scatter": m * reduce_scatter_bytes(g, dp),
+                "all_gather": 2 * m * all_gather_bytes(param_bytes, dp)}
     raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
 
 

@@ -64,7 +64,8 @@ def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
     if pp > 1:
         bw, lat = cluster.link(2 * tp * par.cp * dp)  # neighbouring stages are tp*cp*dp ranks apart
         t_pp = 2 * m * v * alpha_beta_time(act / tp, bw, lat)
-    # data parallel: reduce the gradients of the largest stage (ZeRO-1 moves the same bytes)
+    # data parallel: reduce the gradients of the largest stage (ZeRO-1 moves the same bytes;
+    # ZeRO-2/3 communicate per microbatch, so gradient accumulation multiplies their cost)
     t_dp = 0.0
     if dp * par.cp > 1:
         n_params = max(sum(stage_params(model, par, s).values()) for s in range(pp))
@@ -72,7 +73,7 @@ def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
         group = dp * par.cp
         bw, lat = cluster.link(tp * group)  # dp ranks are tp*cp apart (order tp-cp-ep-dp-pp)
         sent = sum(dp_step_bytes(grads, group, min(par.optimizer_shard_stage, 3),
-                                 grad_bytes=grads).values())
+                                 grad_bytes=grads, num_microbatches=m).values())
         t_dp = dp_exposed * alpha_beta_time(sent, bw, lat, steps=2 * (group - 1))
     total = t_compute + t_bubble + t_tp + t_pp + t_dp
     tokens = par.gbs * model.seq_length

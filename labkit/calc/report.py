@@ -142,7 +142,8 @@ def memory_html(v: dict) -> str:
     s, bmb, h = m.seq_length, par.micro_batch_size, m.hidden_size
     act_bytes = prec.bytes_activation
     n0 = sum(stage_params(m, par, 0).values())
-    dp_bytes = sum(dp_step_bytes(n0 * prec.bytes_grad, par.dp * par.cp, min(par.optimizer_shard_stage, 3)).values())
+    dp_bytes = sum(dp_step_bytes(n0 * prec.bytes_grad, par.dp * par.cp, min(par.optimizer_shard_stage, 3),
+                                 num_microbatches=b["num_microbatches"]).values())
     tp_bytes = sum(tp_layer_bytes(s // par.cp, bmb, h, par.tp, act_bytes, par.sequence_parallel).values())
     tp_bytes *= b["num_microbatches"] * (m.num_layers // par.pp)
     pp_bytes = sum(pp_step_bytes(s // par.cp, bmb, h, b["num_microbatches"], par.pp, 0, act_bytes,
