@@ -9,8 +9,8 @@ Public API (the book, the labs and external checks use these names):
 
 Modules that are also functions live in files of another name (``launch`` in launcher.py,
 ``train`` in training.py): a submodule import would otherwise replace the function on the
-package. Everything but ``Topology`` and ``calc`` is imported lazily, so ``import labkit.calc``
-works on a machine without torch (the static book runs it in the browser).
+package. Everything but ``Topology`` (pure) is imported lazily, ``calc`` included, so
+``import labkit.calc`` works on a machine without torch (the static book runs it in the browser).
 """
 from .topology import Topology
 

@@ -1,8 +1,9 @@
-"""Command line: ``python -m labkit train|estimate ...`` with Megatron-LM style flags.
+"""Command line: ``python -m labkit train|estimate|plan ...`` with Megatron-LM style flags.
 
     python -m labkit train --world-size 4 --micro-batch-size 2 --global-batch-size 16 --train-iters 10
     torchrun --nproc-per-node 4 -m labkit train --micro-batch-size 2 --global-batch-size 16
     python -m labkit estimate --world-size 1024 --num-layers 96 ...   (Megatron's memory/FLOPs estimate)
+    python -m labkit plan --help                                      (rank the layouts for a cluster)
 
 Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
 """
@@ -28,6 +29,8 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     ap.add_argument("--log-interval", type=int, default=1)
+    ap.add_argument("--max-position-embeddings", type=int, default=None,
+                    help="accepted as in Megatron; the model has --seq-length positions")
     for f in dataclasses.fields(TrainConfig):
         if f.type in ("bool", bool):
             ap.add_argument(_flag(f.name), dest=f.name, action="store_true", default=f.default)
@@ -43,6 +46,10 @@ def train_main(argv) -> int:
     world = args.pop("world_size") or int(os.environ.get("WORLD_SIZE", 1))
     steps, seed = args.pop("steps"), args.pop("seed")
     backend, log_interval = args.pop("backend"), args.pop("log_interval")
+    max_pos = args.pop("max_position_embeddings")
+    if max_pos is not None and max_pos < args["seq_length"]:
+        print(f"error: max_position_embeddings {max_pos} < seq_length {args['seq_length']}", file=sys.stderr)
+        return 2
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     config = {k: v for k, v in args.items() if v != defaults[k]}
     try:

@@ -4,7 +4,7 @@ Chapter "Data parallelism". Each ``*_worker`` runs on every rank under ``labkit.
 the real path (``parallelize`` -> Engine -> labkit/data_parallel.py or labkit/zero.py); the
 caller compares what comes back with ``labkit.reference`` (parity) and ``labkit.calc``
 (bytes, memory). Several variants run inside one launch: groups are built once and their counters
-reset between variants, so a launch is paid once (a launch of 4 ranks costs ~0.2 s after the first).
+reset between variants, so a launch is paid once (a launch of 4 ranks costs under 0.1 s after the first; README, Benchmarks).
 """
 from __future__ import annotations
 

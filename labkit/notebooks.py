@@ -69,6 +69,7 @@ def student_copy(src, dst) -> int:
         if c.cell_type == "code":
             c.outputs, c.execution_count = [], None
     nb.metadata.pop("widgets", None)
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)  # the documented student/ need not exist
     nbformat.write(nb, dst)
     return dropped
 

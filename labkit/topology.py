@@ -10,7 +10,7 @@ on neighbouring GPUs of one node; PP outermost lets stages sit on different node
 
     rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 
-Expert parallelism (chapter "Expert parallelism") does not add GPUs: like Megatron it subdivides
+Expert parallelism (no chapter yet; see the glossary) does not add GPUs: like Megatron it subdivides
 the data-parallel ranks, ``dp_rank = ep_rank + ep * edp_rank``, so ep must divide dp.
 
     >>> t = Topology(16, tp=2, pp=4)

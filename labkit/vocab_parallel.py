@@ -1,7 +1,8 @@
 """Vocabulary-parallel embedding and cross-entropy: the [V, h] table cut into V/t rows per TP rank.
 
-Chapter "Tensor parallelism", section "The vocabulary-parallel loss" (Shoeybi et al. 2019, Sec. 3;
-Megatron-LM ``tensor_parallel/layers.py`` VocabParallelEmbedding and ``cross_entropy.py``).
+Chapter "Tensor parallelism", section "The vocabulary-parallel embedding and loss" (Shoeybi et
+al. 2019, Sec. 3; Megatron-LM ``tensor_parallel/layers.py`` VocabParallelEmbedding and
+``cross_entropy.py``).
 
 The vocabulary is first padded so it divides evenly (Megatron's ``_vocab_size_with_padding``, here
 ``labkit.data.padded_vocab_size``: a multiple of ``make_vocab_size_divisible_by * tp``; the byte

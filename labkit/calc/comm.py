@@ -127,7 +127,7 @@ def pp_step_bytes(seq_length, micro_batch_size, hidden_size, num_microbatches, p
 
 
 def cp_layer_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_per_element=4) -> dict:
-    """Bytes one CP rank sends per layer per microbatch in ring attention (chapter "Context parallel").
+    """Bytes one CP rank sends per layer per microbatch in ring attention (no chapter yet; glossary "CP").
 
     Each rank holds s/cp tokens; the forward passes its K and V chunks (2 * s/cp * b * kv_hidden)
     cp-1 hops round the ring; the backward passes K, V again and their gradients dK, dV: 3x the
@@ -140,7 +140,7 @@ def cp_layer_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_per_e
 
 def ep_layer_bytes(seq_length, micro_batch_size, hidden_size, ep, moe_router_topk=1,
                    bytes_per_element=4) -> dict:
-    """Bytes one EP rank sends per MoE layer per microbatch (chapter "Expert parallel").
+    """Bytes one EP rank sends per MoE layer per microbatch (no chapter yet; glossary "EP").
 
     The rank's s*b tokens, each copied to its top-k experts (N = s*b*k*h*bytes), go out in an
     all-to-all (dispatch) and come back in another (combine); the backward repeats both for the

@@ -1,4 +1,4 @@
-"""Megatron-LM's own estimate, reproduced exactly (chapter "Why parallelism", section "Megatron's numbers").
+"""Megatron-LM's own estimate, reproduced exactly (chapter "Why parallelism", section "Megatron-LM's own numbers").
 
 Megatron-LM prints, after the first iterations, "Theoretical memory footprints: weight and
 optimizer=... MB, activation=... MB" (``megatron/training/theoretical_memory_usage.py``) and counts
