@@ -114,28 +114,39 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
 _MAX_DIMS = 6
 
 
-def send(group: Group, x: torch.Tensor, dst: int) -> None:
-    """Send ``x`` to group rank ``dst``, shape and dtype first, so the receiver needs no shape."""
-    header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=x.device)
+def send(group: Group, x: torch.Tensor, dst: int, tag: int = 0, wait: bool = True):
+    """Send ``x`` to group rank ``dst``, shape and dtype first, so the receiver needs no shape.
+
+    Uses tags ``tag`` (header) and ``tag + 1`` (data); gloo matches them, NCCL ignores tags.
+    ``wait=False`` only posts the sends (a pipeline stage must not block while its neighbour
+    sends to it too) and returns [(request, tensor)]: keep them, and ``request.wait()`` each.
+    """
+    x = x.detach().contiguous()
     if x.dim() > _MAX_DIMS:
         raise ValueError(f"send: at most {_MAX_DIMS} dims, got {x.dim()}")
+    header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=x.device)
     header[0], header[1] = _DTYPES.index(x.dtype), x.dim()
     header[2:2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
     peer = group.global_rank(dst)
-    dist.send(header, peer, group=group.pg)
-    dist.send(x.contiguous(), peer, group=group.pg)
+    reqs = [dist.isend(header, peer, group=group.pg, tag=tag),
+            dist.isend(x, peer, group=group.pg, tag=tag + 1)]
     group.stats.add("send", _nbytes(x))
     group.stats.add("p2p_header", _nbytes(header))
+    if not wait:
+        return list(zip(reqs, (header, x)))  # the tensors must live until the sends complete
+    for req in reqs:
+        req.wait()
+    return None
 
 
-def recv(group: Group, src: int, device=None) -> torch.Tensor:
-    """Receive a tensor sent by :func:`send` from group rank ``src``."""
+def recv(group: Group, src: int, device=None, tag: int = 0) -> torch.Tensor:
+    """Receive a tensor sent by :func:`send` (with the same ``tag``) from group rank ``src``."""
     header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=device)
     peer = group.global_rank(src)
-    dist.recv(header, peer, group=group.pg)
+    dist.recv(header, peer, group=group.pg, tag=tag)
     dtype, ndim = _DTYPES[int(header[0])], int(header[1])
     out = torch.empty(tuple(header[2:2 + ndim].tolist()), dtype=dtype, device=device)
-    dist.recv(out, peer, group=group.pg)
+    dist.recv(out, peer, group=group.pg, tag=tag + 1)
     return out
 
 

@@ -18,8 +18,8 @@ Point-to-point: a tensor travels as a small header (dtype, shape) then its data,
 differ between messages. Sends are non-blocking (``isend``) and tagged with (kind, stage,
 microbatch): a blocking send would deadlock 1F1B, where neighbours send to each other at once
 (Megatron avoids that with batched ``send_forward_recv_backward``). gloo matches tags, so
-messages may arrive in any order. ``labkit.comm.send`` is blocking and untagged, hence these two
-helpers; bytes are counted on the group's stats like every other op. NCCL ignores tags (it
+messages may arrive in any order (``comm.send(..., tag=, wait=False)``, ``comm.recv(..., tag=)``);
+bytes are counted on the group's stats like every other op. NCCL ignores tags (it
 matches p2p messages between two ranks in order), so this executor is tested on gloo only.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import comm
 from .groups import Group, new_group
 from .model import lm_loss
 from .schedule_sim import Event
@@ -94,42 +95,9 @@ def dense_name(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-_HEADER = 8  # int64s: dtype index, ndim, up to 6 sizes
-
-
 def _tag(kind: str, stage: int, mb: int) -> int:
     """Unique even tag per message: (F activation | B gradient, receiving stage, microbatch)."""
     return (("FB".index(kind) * 256 + stage) * 65536 + mb) * 2  # +1 for the data after the header
-
-
-def isend(group: Group, x: torch.Tensor, dst: int, tag: int) -> list:
-    """Post a tagged send of ``x`` (a fixed-size header, then the data) to group rank ``dst``.
-
-    Returns (request, tensor) pairs: the tensors must stay alive until the requests complete.
-    """
-    x = x.detach().contiguous()
-    if x.dim() > _HEADER - 2:
-        raise ValueError(f"isend: at most {_HEADER - 2} dims, got {x.dim()}")
-    header = torch.zeros(_HEADER, dtype=torch.int64, device=x.device)
-    header[0], header[1] = _DTYPES.index(x.dtype), x.dim()
-    header[2:2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
-    peer = group.global_rank(dst)
-    reqs = [dist.isend(header, peer, group=group.pg, tag=tag),
-            dist.isend(x, peer, group=group.pg, tag=tag + 1)]
-    group.stats.add("send", x.numel() * x.element_size())
-    return list(zip(reqs, (header, x)))
-
-
-def recv(group: Group, src: int, tag: int, device) -> torch.Tensor:
-    """Receive a tensor posted by :func:`isend` with the same ``tag`` from group rank ``src``."""
-    peer = group.global_rank(src)
-    header = torch.empty(_HEADER, dtype=torch.int64, device=device)
-    dist.recv(header, peer, group=group.pg, tag=tag)
-    shape = header[2:2 + int(header[1])].tolist()
-    out = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=device)
-    dist.recv(out, peer, group=group.pg, tag=tag + 1)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +149,7 @@ def run_schedule(actions, stages: dict, group: Group, microbatches, dp=None,
             if s == 0:
                 x = microbatches[mb][0]
             else:  # activation of stage s-1, from the rank that holds it
-                x = recv(group, (s - 1) % p, _tag("F", s, mb), dev).requires_grad_()
+                x = comm.recv(group, (s - 1) % p, dev, tag=_tag("F", s, mb)).requires_grad_()
             start = time.perf_counter()
             seen, hooks = _saved_bytes(stage)
             with hooks:
@@ -190,14 +158,14 @@ def run_schedule(actions, stages: dict, group: Group, microbatches, dp=None,
                 out = out / m                               # mean over the global batch
                 run.loss_sum += out.item()
             else:
-                sends += isend(group, out, (s + 1) % p, _tag("F", s + 1, mb))
+                sends += comm.send(group, out, (s + 1) % p, tag=_tag("F", s + 1, mb), wait=False)
             saved[(mb, c)] = (x, out, None)
             sizes[(mb, c)] = run.activation_bytes[c] = sum(seen.values())
             held_bytes += sizes[(mb, c)]
         else:
             x, out, grad = saved[(mb, c)]
             if a.kind == "B" and not stage.is_last:  # gradient of our output, from stage s+1
-                grad = recv(group, (s + 1) % p, _tag("B", s, mb), dev)
+                grad = comm.recv(group, (s + 1) % p, dev, tag=_tag("B", s, mb))
                 saved[(mb, c)] = (x, out, grad)      # W (if any) needs it again
             start = time.perf_counter()
             with sync:
@@ -209,7 +177,7 @@ def run_schedule(actions, stages: dict, group: Group, microbatches, dp=None,
                 else:                                       # whole backward at once
                     torch.autograd.backward(out, grad)
             if a.kind == "B" and s > 0:
-                sends += isend(group, x.grad, (s - 1) % p, _tag("B", s - 1, mb))
+                sends += comm.send(group, x.grad, (s - 1) % p, tag=_tag("B", s - 1, mb), wait=False)
             if a.kind == ("W" if uses_w else "B"):          # activations of (mb, c) are freed
                 del saved[(mb, c)]
                 held_bytes -= sizes.pop((mb, c))
@@ -277,7 +245,6 @@ class PipelineRunner:
     @torch.no_grad()
     def finalize_model_grads(self) -> None:
         """Sum the two copies' gradients of the tied word embeddings over the embedding group."""
-        from .comm import all_reduce
         from .parallelize import all_reduce_sequence_parallel_grads
         for st in self.stages.values():
             all_reduce_sequence_parallel_grads(st, self.groups.get("tp"))
@@ -286,4 +253,4 @@ class PipelineRunner:
         for st in self.stages.values():  # first stage: embeddings; last stage: its copy
             for p in st.parameters():
                 if getattr(p, "shared_embedding", False):
-                    p.grad = all_reduce(self.embedding, p.grad)
+                    p.grad = comm.all_reduce(self.embedding, p.grad)
