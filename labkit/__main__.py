@@ -20,7 +20,7 @@ def _flag(name: str) -> str:
 
 
 def train_parser() -> argparse.ArgumentParser:
-    from .training import TrainConfig
+    from .config import TrainConfig
     ap = argparse.ArgumentParser(prog="python -m labkit train",
                                  description="Train the course GPT with Megatron-LM's flags.")
     ap.add_argument("--world-size", type=int, default=None,
@@ -41,9 +41,12 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def train_main(argv) -> int:
-    from .training import TrainConfig, train
+    from .config import TrainConfig
+    from .training import train
     args = vars(train_parser().parse_args(argv))
-    world = args.pop("world_size") or int(os.environ.get("WORLD_SIZE", 1))
+    world = args.pop("world_size")
+    if world is None:                      # not given: torchrun's WORLD_SIZE, else one rank
+        world = int(os.environ.get("WORLD_SIZE", 1))
     steps, seed = args.pop("steps"), args.pop("seed")
     backend, log_interval = args.pop("backend"), args.pop("log_interval")
     max_pos = args.pop("max_position_embeddings")
@@ -63,9 +66,14 @@ def train_main(argv) -> int:
     return 0
 
 
+def _gpu_check(argv) -> int:
+    from .gpu_check import main as gpu_check_main   # run the GPU plan, write a report
+    return gpu_check_main(argv)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train_main}
+    commands = {"train": train_main, "gpu-check": _gpu_check}
     try:
         from .calc import cli as calc_cli
         commands["estimate"] = calc_cli.main

@@ -1,21 +1,10 @@
-"""Every collective of the course, counted, and the autograd-aware conjugate pairs built on them.
+"""Every collective and point-to-point operation of the course, counted (chapter "Collectives").
 
-Chapter "Collectives" (all-reduce, all-gather, reduce-scatter, all-to-all, broadcast, p2p) and
-chapter "Tensor parallelism" (the f/g operators of Shoeybi et al. 2019, Megatron's mappings.py).
-Every function takes the :class:`~labkit.groups.Group` first and never changes its input in place.
-
-Autograd pairs: the backward of each is the conjugate (transpose) of its forward.
-
-| name                        | forward                 | backward                | dim        |
-|-----------------------------|-------------------------|-------------------------|------------|
-| copy_to (Megatron's f)      | identity                | all-reduce              | -          |
-| reduce_from (Megatron's g)  | all-reduce              | identity                | -          |
-| scatter_to                  | keep my chunk           | all-gather              | any (-1)   |
-| gather_from                 | all-gather              | keep my chunk           | any (-1)   |
-| scatter_to_sequence         | keep my chunk           | all-gather              | seq (1)    |
-| gather_from_sequence        | all-gather              | reduce-scatter          | seq (1)    |
-| reduce_scatter_to_sequence  | reduce-scatter          | all-gather              | seq (1)    |
-| all_to_all                  | all-to-all (splits)     | all-to-all (splits swapped) | 0      |
+All-reduce, all-gather, reduce-scatter, all-to-all, broadcast, and p2p whose shapes may vary. Every
+function takes the :class:`~labkit.groups.Group` first and never changes its input in place. The
+autograd-aware pairs built on them live beside the strategy that uses them
+(``tensor_parallel/tp_comm.py``: Megatron's f/g and the sequence-parallel pairs;
+``expert_parallel/ep_comm.py``: the all-to-all).
 
 Bytes are counted on ``group.stats`` per op as one rank sends them under the textbook algorithm
 (ring all-reduce 2(n-1)/n*N; all-gather, reduce-scatter, all-to-all (n-1)/n*N; N = full tensor).
@@ -107,185 +96,87 @@ def broadcast(group: Group, x: torch.Tensor, src: int = 0) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
-# Point-to-point (pipeline stages, ring attention); shapes may vary from call to call
+# Point-to-point (pipeline stages, rings). NCCL matches a pair's messages in order and ignores tags,
+# so labkit never uses tags (gloo then matches in order too, and CI sees NCCL's semantics) and always
+# batches (batch_isend_irecv: NCCL then uses the group's own communicator, which build_groups made).
+# send/recv carry a small header first (dtype, shape), so a lab may send any shape; the pipeline's
+# exchange knows its shapes and sends, beside each tensor, three integers naming the message, so a
+# message arriving out of order is an error, not silently wrong data.
 # ----------------------------------------------------------------------------------------------
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.bool, torch.uint8]
-_MAX_DIMS = 6
+_MAX_DIMS = 6   # header: [dtype, ndim, shape x 6] int64
 
 
-def send(group: Group, x: torch.Tensor, dst: int, tag: int = 0, wait: bool = True):
-    """Send ``x`` to group rank ``dst``, shape and dtype first, so the receiver needs no shape.
+def _device(device=None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    from .launcher import device as rank_device
+    return rank_device()
 
-    Uses tags ``tag`` (header) and ``tag + 1`` (data); gloo matches them, NCCL ignores tags.
-    ``wait=False`` only posts the sends (a pipeline stage must not block while its neighbour
-    sends to it too) and returns [(request, tensor)]: keep them, and ``request.wait()`` each.
-    """
+
+def _batch(group: Group, ops) -> None:
+    """Post ``ops`` [(isend|irecv, tensor, group rank)] together, wait for all of them."""
+    if ops:
+        reqs = dist.batch_isend_irecv([dist.P2POp(op, t, group.global_rank(peer), group.pg)
+                                       for op, t, peer in ops])
+        for req in reqs:
+            req.wait()
+
+
+def send(group: Group, x: torch.Tensor, dst: int) -> None:
+    """Send ``x`` to group rank ``dst``, header (dtype, shape) first: the receiver needs no shape."""
     x = x.detach().contiguous()
     if x.dim() > _MAX_DIMS:
         raise ValueError(f"send: at most {_MAX_DIMS} dims, got {x.dim()}")
-    header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=x.device)
-    header[0], header[1] = _DTYPES.index(x.dtype), x.dim()
-    header[2:2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
-    peer = group.global_rank(dst)
-    reqs = [dist.isend(header, peer, group=group.pg, tag=tag),
-            dist.isend(x, peer, group=group.pg, tag=tag + 1)]
+    header = torch.tensor([_DTYPES.index(x.dtype), x.dim(), *x.shape, *[0] * (_MAX_DIMS - x.dim())],
+                          dtype=torch.int64, device=x.device)
+    _batch(group, [(dist.isend, header, dst), (dist.isend, x, dst)])
     group.stats.add("send", _nbytes(x))
     group.stats.add("p2p_header", _nbytes(header))
-    if not wait:
-        return list(zip(reqs, (header, x)))  # the tensors must live until the sends complete
-    for req in reqs:
-        req.wait()
-    return None
 
 
-def recv(group: Group, src: int, device=None, tag: int = 0) -> torch.Tensor:
-    """Receive a tensor sent by :func:`send` (with the same ``tag``) from group rank ``src``."""
-    header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=device)
-    peer = group.global_rank(src)
-    dist.recv(header, peer, group=group.pg, tag=tag)
-    dtype, ndim = _DTYPES[int(header[0])], int(header[1])
-    out = torch.empty(tuple(header[2:2 + ndim].tolist()), dtype=dtype, device=device)
-    dist.recv(out, peer, group=group.pg, tag=tag + 1)
+def recv(group: Group, src: int, device=None) -> torch.Tensor:
+    """Receive a tensor sent by :func:`send` from group rank ``src`` (on this rank's device)."""
+    header = torch.empty(2 + _MAX_DIMS, dtype=torch.int64, device=_device(device))
+    _batch(group, [(dist.irecv, header, src)])
+    h = header.tolist()                                     # one host sync for the whole header
+    out = torch.empty(h[2:2 + h[1]], dtype=_DTYPES[h[0]], device=header.device)
+    _batch(group, [(dist.irecv, out, src)])
     return out
 
 
 def send_recv(group: Group, x: torch.Tensor, dst: int, src: int) -> torch.Tensor:
-    """Send ``x`` to ``dst`` and receive a tensor of the same shape from ``src``, without deadlock.
-
-    The ring step of ring attention and ring all-reduce: both transfers are posted at once.
-    """
+    """Send ``x`` to ``dst`` and receive a tensor of the same shape from ``src``, in one batch: the
+    step of a ring (ring all-reduce, ring attention) that cannot deadlock."""
     out = torch.empty_like(x)
-    ops = [dist.P2POp(dist.isend, x.contiguous(), group.global_rank(dst), group.pg),
-           dist.P2POp(dist.irecv, out, group.global_rank(src), group.pg)]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
+    _batch(group, [(dist.isend, x.contiguous(), dst), (dist.irecv, out, src)])
     group.stats.add("send", _nbytes(x))
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Autograd conjugate pairs (Megatron-LM megatron/core/tensor_parallel/mappings.py)
-# ----------------------------------------------------------------------------------------------
-def _chunk(group: Group, x: torch.Tensor, dim: int) -> torch.Tensor:
-    if x.shape[dim] % group.size:
-        raise ValueError(f"size {x.shape[dim]} of dim {dim} not divisible by group size {group.size}")
-    return x.chunk(group.size, dim=dim)[group.rank].contiguous()
+def exchange(group: Group, sends=(), recvs=(), device=None) -> list[torch.Tensor]:
+    """One batched step of named messages, all posted at once (one NCCL group).
 
-
-class _CopyTo(torch.autograd.Function):
-    """f: forward identity, backward all-reduce (the input was used by every rank)."""
-    @staticmethod
-    def forward(ctx, group, x):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, all_reduce(ctx.group, g)
-
-
-class _ReduceFrom(torch.autograd.Function):
-    """g: forward all-reduce of partial sums, backward identity (the gradient is replicated)."""
-    @staticmethod
-    def forward(ctx, group, x):
-        return all_reduce(group, x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, g
-
-
-class _ScatterTo(torch.autograd.Function):
-    """Forward: keep my chunk along dim; backward: all-gather along dim."""
-    @staticmethod
-    def forward(ctx, group, x, dim):
-        ctx.group, ctx.dim = group, dim
-        return _chunk(group, x, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, all_gather(ctx.group, g, ctx.dim), None
-
-
-class _GatherFrom(torch.autograd.Function):
-    """Forward: all-gather along dim; backward: keep my chunk."""
-    @staticmethod
-    def forward(ctx, group, x, dim):
-        ctx.group, ctx.dim = group, dim
-        return all_gather(group, x, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, _chunk(ctx.group, g, ctx.dim), None
-
-
-class _GatherFromSequence(torch.autograd.Function):
-    """SP entering the TP region: forward all-gather, backward reduce-scatter (sums partial grads)."""
-    @staticmethod
-    def forward(ctx, group, x, dim):
-        ctx.group, ctx.dim = group, dim
-        return all_gather(group, x, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, reduce_scatter(ctx.group, g, ctx.dim), None
-
-
-class _ReduceScatterToSequence(torch.autograd.Function):
-    """SP leaving the TP region: forward reduce-scatter, backward all-gather."""
-    @staticmethod
-    def forward(ctx, group, x, dim):
-        ctx.group, ctx.dim = group, dim
-        return reduce_scatter(group, x, dim)
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, all_gather(ctx.group, g, ctx.dim), None
-
-
-class _AllToAll(torch.autograd.Function):
-    """Forward all-to-all with (out, in) splits; backward the same exchange with splits swapped."""
-    @staticmethod
-    def forward(ctx, group, x, output_split_sizes, input_split_sizes):
-        ctx.group, ctx.splits = group, (output_split_sizes, input_split_sizes)
-        return all_to_all(group, x, output_split_sizes, input_split_sizes)
-
-    @staticmethod
-    def backward(ctx, g):
-        out_s, in_s = ctx.splits
-        return None, all_to_all(ctx.group, g.contiguous(), in_s, out_s), None, None
-
-
-def copy_to(group: Group, x):
-    return _CopyTo.apply(group, x) if group.size > 1 else x
-
-
-def reduce_from(group: Group, x):
-    return _ReduceFrom.apply(group, x) if group.size > 1 else x
-
-
-def scatter_to(group: Group, x, dim: int = -1):
-    return _ScatterTo.apply(group, x, dim) if group.size > 1 else x
-
-
-def gather_from(group: Group, x, dim: int = -1):
-    return _GatherFrom.apply(group, x, dim) if group.size > 1 else x
-
-
-def scatter_to_sequence(group: Group, x, dim: int = SEQ_DIM):
-    return _ScatterTo.apply(group, x, dim) if group.size > 1 else x
-
-
-def gather_from_sequence(group: Group, x, dim: int = SEQ_DIM):
-    return _GatherFromSequence.apply(group, x, dim) if group.size > 1 else x
-
-
-def reduce_scatter_to_sequence(group: Group, x, dim: int = SEQ_DIM):
-    return _ReduceScatterToSequence.apply(group, x, dim) if group.size > 1 else x
-
-
-def all_to_all_autograd(group: Group, x, output_split_sizes=None, input_split_sizes=None):
-    if group.size == 1:
-        return x
-    return _AllToAll.apply(group, x, output_split_sizes, input_split_sizes)
+    ``sends`` [(tensor, dst, name)], ``recvs`` [(src, name, shape, dtype)]; a name is 3 integers.
+    Each tensor travels with its name; returns the received tensors in ``recvs`` order. Raises
+    RuntimeError if a message carries another name than the receiver expects.
+    """
+    dev = _device(device)
+    sends = [(x.detach().contiguous(), dst, name) for x, dst, name in sends]
+    names = [torch.empty(3, dtype=torch.int64, device=dev) for _ in recvs]
+    outs = [torch.empty(tuple(shape), dtype=dtype, device=dev) for _, _, shape, dtype in recvs]
+    ops = []
+    for x, dst, name in sends:
+        ops += [(dist.isend, torch.tensor(name, dtype=torch.int64, device=dev), dst), (dist.isend, x, dst)]
+    for got, out, (src, *_) in zip(names, outs, recvs):
+        ops += [(dist.irecv, got, src), (dist.irecv, out, src)]
+    _batch(group, ops)
+    for got, (src, name, *_) in zip(names, recvs):
+        if tuple(got.tolist()) != tuple(name):
+            raise RuntimeError(f"p2p order mismatch: from group rank {src} expected message "
+                               f"{tuple(name)}, got {tuple(got.tolist())}")
+    for x, _, _ in sends:
+        group.stats.add("send", _nbytes(x))
+        group.stats.add("p2p_header", 3 * 8)
+    return outs

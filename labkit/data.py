@@ -5,14 +5,16 @@ run can be compared with a single-device run step by step. How the global batch 
 follows Megatron-LM's ``MegatronPretrainingSampler``: each step of the data loader takes
 ``micro_batch_size * dp`` consecutive samples and data-parallel rank r keeps the r-th
 ``micro_batch_size`` of them; ``num_microbatches = global_batch_size / (micro_batch_size * dp)``
-such steps make one iteration (= gradient-accumulation steps; seed note 000).
+such steps make one iteration (the gradient-accumulation steps; Megatron-LM
+``megatron/core/num_microbatches_calculator.py``).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
+
+from .config import BYTE_VOCAB_SIZE
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 CORPUS = DATA_DIR / "corpus" / "tinyshakespeare.txt"
@@ -21,20 +23,13 @@ CORPUS = DATA_DIR / "corpus" / "tinyshakespeare.txt"
 class ByteTokenizer:
     """UTF-8 bytes as tokens: vocabulary 256, no unknown tokens, nothing to download."""
 
-    vocab_size = 256
+    vocab_size = BYTE_VOCAB_SIZE
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-
-def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, tp: int = 1) -> int:
-    """Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by * tp`` so each
-    tensor-parallel rank holds an equal slice of the embedding (``_vocab_size_with_padding``)."""
-    multiple = make_vocab_size_divisible_by * tp
-    return int(math.ceil(vocab_size / multiple) * multiple)
 
 
 def load_tokens(path: Path | str = CORPUS) -> torch.Tensor:

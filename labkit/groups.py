@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from .topology import AXES, Topology
@@ -81,10 +82,14 @@ def new_group(name: str, ranks) -> Group:
 
 
 def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
-    """This rank's group on each axis of ``topo``: {"tp": Group, "dp": Group, ...}.
+    """This rank's group on each axis of ``topo``: {"tp": Group, "dp": Group, ..., "embd": Group
+    (first and last pipeline stage; only on those ranks, when pp > 1), "world": Group}.
 
     Creates every group of every axis on every rank (torch.distributed requires all ranks to take
-    part in each ``new_group`` call), and keeps the one containing this rank.
+    part in each ``new_group`` call), and keeps the one containing this rank. Each group's
+    communicator is then made at once by one tiny uncounted all-reduce, in the same order on every
+    rank: under NCCL a communicator created lazily by a first point-to-point call blocks until
+    the peer joins, which hangs a ring of "send, then receive" (PyTorch's batch_isend_irecv notes).
     """
     if dist.get_world_size() != topo.world_size:
         raise ValueError(f"topology is for {topo.world_size} ranks but the world has "
@@ -95,7 +100,34 @@ def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
             g = new_group(axis, ranks)
             if me in ranks:
                 mine[axis] = g
+    for ranks in topo.embedding_groups():
+        g = new_group("embd", ranks)
+        if me in ranks:
+            mine["embd"] = g
+    mine["world"] = world_group()
+    for g in mine.values():
+        _connect(g)
     return mine
+
+
+def _connect(group: Group) -> None:
+    """Create the group's communicator now (an uncounted 1-element all-reduce)."""
+    if group.size > 1:
+        from .launcher import device
+        dist.all_reduce(torch.zeros(1, device=device()), group=group.pg)
+
+
+def grad_reduce_group(groups: dict[str, Group]) -> Group:
+    """The group dense gradients are averaged over: dp, or dp x cp under context parallelism
+    (every rank holding the same weights; Megatron's ``get_data_parallel_group(with_context_parallel=True)``)."""
+    cp = groups.get("cp")
+    return groups["dp_cp"] if cp is not None and cp.size > 1 else groups["dp"]
+
+
+def uncounted(group: Group) -> Group:
+    """The same process group with its own, separate counters: for logging and checks, so the
+    bytes a lab compares with labkit.calc are training traffic only."""
+    return Group(group.name + ":bookkeeping", group.ranks, group.pg)
 
 
 def world_group() -> Group:

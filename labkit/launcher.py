@@ -4,82 +4,159 @@
 
 * From a notebook or a script: spawns ``world_size`` processes (``fn`` may be defined in a notebook
   cell: it is shipped by value with cloudpickle). Rendezvous goes through a TCPStore the caller
-  opens on 127.0.0.1 at a free port, so parallel test runs never collide on a fixed port.
-* Under ``torchrun`` (RANK and WORLD_SIZE set): runs ``fn`` in this process and all-gathers the
-  results, so the same notebook code runs one rank per GPU on a node, or across nodes.
-* Backend is chosen once, here: NCCL with one GPU per rank when there are enough GPUs, else gloo
-  on CPU. Everything else uses ``tensor.device`` (see :func:`device`).
+  opens on 127.0.0.1 at a free port. Each launch passes the caller's environment *as it is now* to
+  its ranks (``CUDA_VISIBLE_DEVICES``, ``NCCL_DEBUG``, ... set after the first launch apply).
+* Under ``torchrun`` (``TORCHELASTIC_RUN_ID`` set, or RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+  MASTER_PORT all set): runs ``fn`` in this process and all-gathers the results, so the same code
+  runs one rank per GPU on a node, or across nodes (several torchrun agents).
+* **Backend and device, decided once.** ``backend="gloo"`` runs CPU ranks (what CPU-only code must
+  ask for), ``"nccl"`` one GPU per rank, ``"cpu:gloo,cuda:nccl"`` both (CPU tensors over gloo).
+  ``backend="auto"`` is resolved by the FIRST auto launch of the process, from that launch's world
+  size (NCCL if there is a GPU per rank, else gloo) and then kept for every later auto launch of
+  any world size, so that comparisons across world sizes never mix devices; a later auto launch
+  larger than the GPU count is refused. Override: ``LABKIT_BACKEND=gloo|nccl`` in the environment
+  (read at that first launch), ``choose_backend(...)`` before it, or ``backend=`` per launch.
+  :func:`backend_in_use` says which; with GPUs visible a one-line notice says so at that first
+  launch. In a rank, :func:`device` is the device to put every tensor on.
+* ranks run with TF32 off (``allow_tf32=True`` to opt in): see :mod:`labkit.launch_rank`.
+* Results come back on the CPU (tensors moved inside the rank; see ``launch_rank.to_cpu``).
+
+Two timeouts: ``timeout`` is the wall clock of the whole launch (then :class:`LaunchTimeout`, all
+ranks stopped); ``collective_timeout`` is how long one collective may wait for its peers (the
+process group's timeout, NCCL's watchdog), after which that rank fails (:class:`RankFailed`).
 
 Failures become one exception in the caller: :class:`RankFailed` names the rank, its traceback and
-its captured output, after every other rank is stopped; :class:`LaunchTimeout` names the ranks that
-did not finish. Ranks' own prints are captured to files, never to the notebook; they come back in
-the error message when something goes wrong.
+its captured output, after every other rank is stopped. Ranks' prints are captured to files, not
+shown, and come back in the error message; ``live_output=True`` (or ``LABKIT_LIVE_OUTPUT=1``) also
+prints them as they come, each line prefixed ``[rank r]``, for debugging.
 
-Processes are forked from a forkserver that has imported torch once, so a launch costs a fraction
-of a second after the first (README, "Benchmarks").
+Honest timings: :func:`synchronize` waits for queued GPU work (nothing on CPU); :func:`timer` and
+:func:`now` read the wall clock after it. Processes are forked from a forkserver that has imported
+torch once, so a launch costs a fraction of a second after the first (README, "Benchmarks").
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime
 import multiprocessing as mp
 import os
-import queue as queue_mod
 import sys
 import tempfile
 import time
-import traceback
 
 import cloudpickle
 import torch
 import torch.distributed as dist
 
-__all__ = ["launch", "device", "send_to_parent", "RankFailed", "LaunchTimeout", "resolve_backend"]
+from . import launch_rank
+from .launch_collect import LaunchTimeout, LiveOutput, RankFailed, collect, stop
+from .launch_rank import state, to_cpu
 
-DEFAULT_TIMEOUT = 300.0  # seconds for the whole launch
-_channel = None  # (queue, rank) inside a spawned rank; lets ranks stream log lines to the caller
+__all__ = ["launch", "device", "backend_in_use", "choose_backend", "resolve_backend", "synchronize",
+           "timer", "now", "send_to_parent", "under_torchrun", "to_cpu", "RankFailed", "LaunchTimeout"]
 
-
-class RankFailed(RuntimeError):
-    """A rank raised (or died). ``.rank``, ``.remote_traceback`` and ``.output`` say what happened."""
-
-    def __init__(self, rank: int, remote_traceback: str, output: str):
-        self.rank, self.remote_traceback, self.output = rank, remote_traceback, output
-        shown = output.strip()[-4000:] or "(nothing)"
-        super().__init__(f"rank {rank} failed:\n{remote_traceback.rstrip()}\n"
-                         f"--- captured output of rank {rank} ---\n{shown}")
-
-
-class LaunchTimeout(TimeoutError):
-    """Some ranks did not finish within the timeout; all ranks were stopped."""
-
-    def __init__(self, unfinished: list[int], timeout: float, outputs: dict[int, str]):
-        self.unfinished = unfinished
-        tails = "".join(f"\n--- captured output of rank {r} ---\n{outputs[r].strip()[-1500:] or '(nothing)'}"
-                        for r in unfinished[:4])
-        super().__init__(f"ranks {unfinished} did not finish within {timeout:g} s; all ranks were "
-                         f"stopped (a hang is usually a collective that not every rank reached){tails}")
+DEFAULT_TIMEOUT = 300.0             # seconds for the whole launch
+DEFAULT_COLLECTIVE_TIMEOUT = 600.0  # seconds one collective may wait (PyTorch's NCCL default)
+BACKENDS = ("gloo", "nccl", "cpu:gloo,cuda:nccl")
+_auto = None  # the backend "auto" stands for in this process, once decided
 
 
 # --------------------------------------------------------------------------------------------
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def resolve_backend(backend: str, world_size: int) -> str:
-    """"auto" -> "nccl" when CUDA has >= world_size devices, else "gloo"."""
+    """"auto" -> "nccl" when CUDA has >= world_size devices, else "gloo"; checks explicit names."""
+    n = gpu_count()
     if backend == "auto":
-        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    if backend == "nccl" and not (torch.cuda.is_available() and torch.cuda.device_count() >= world_size):
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        raise ValueError(f"backend 'nccl' needs one GPU per rank: world_size {world_size}, GPUs {n}")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+        return "nccl" if n >= world_size else "gloo"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+    if launch_rank.uses_cuda(backend) and n < world_size:
+        raise ValueError(f"backend {backend!r} needs one GPU per rank: world_size {world_size}, GPUs {n}")
     return backend
 
 
+def choose_backend(backend: str | None) -> None:
+    """Fix what ``backend="auto"`` means in this process ("gloo" or "nccl"); None forgets it."""
+    global _auto
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    _auto = backend
+
+
+def backend_in_use() -> str | None:
+    """In a rank: its backend. Elsewhere: what "auto" stands for in this process (None: undecided)."""
+    return state.backend if state.backend is not None else _auto
+
+
+def _auto_backend(world_size: int) -> str:
+    global _auto
+    if _auto is None:
+        wanted = os.environ.get("LABKIT_BACKEND", "auto").strip() or "auto"
+        _auto = resolve_backend(wanted, world_size)
+        n = gpu_count()
+        if n:  # without a GPU there is no choice to tell about
+            print(f"labkit.launch: backend 'auto' is {_auto!r} for every launch of this process "
+                  f"(decided at world size {world_size}, {n} GPU(s) visible"
+                  f"{', LABKIT_BACKEND=' + wanted if wanted != 'auto' else ''}); override with "
+                  f"LABKIT_BACKEND, labkit.launcher.choose_backend() or launch(backend=...)",
+                  file=sys.stderr, flush=True)
+    if launch_rank.uses_cuda(_auto) and gpu_count() < world_size:
+        raise ValueError(f"backend 'auto' is {_auto!r} in this process (decided by its first launch) "
+                         f"but world_size {world_size} > {gpu_count()} GPUs; pass backend='gloo' "
+                         f"for CPU ranks, or choose_backend('gloo') for every launch")
+    return _auto
+
+
+def under_torchrun(env=None) -> bool:
+    """True under torchrun (or another env:// launcher): this process is already one rank."""
+    env = os.environ if env is None else env
+    return "TORCHELASTIC_RUN_ID" in env or all(
+        k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def device() -> torch.device:
-    """This rank's device: its GPU under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    """This rank's device: its GPU (``cuda:LOCAL_RANK``) when its backend has NCCL, else the CPU."""
+    if state.device is not None:
+        return state.device
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):  # a group someone else made
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def synchronize(dev=None) -> None:
+    """Wait for all queued work on ``dev`` (default: :func:`device`) if it is a GPU; else nothing."""
+    dev = device() if dev is None else torch.device(dev)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def now(dev=None) -> float:
+    """``time.perf_counter()`` after :func:`synchronize`: a timestamp that includes queued GPU work."""
+    synchronize(dev)
+    return time.perf_counter()
+
+
+@dataclasses.dataclass
+class Timing:
+    seconds: float | None = None   # set when the ``with`` block ends
+
+
+@contextlib.contextmanager
+def timer(dev=None):
+    """``with timer() as t: work()`` -> ``t.seconds``: wall time of ``work`` including its GPU kernels.
+
+    Synchronizes before and after (on CUDA), so the time is neither that of kernel launches only
+    (CUDA is asynchronous; NCCL calls return at enqueue) nor polluted by earlier queued work.
+    """
+    t = Timing()
+    start = now(dev)
+    yield t
+    t.seconds = now(dev) - start
 
 
 def send_to_parent(obj) -> None:
@@ -87,117 +164,64 @@ def send_to_parent(obj) -> None:
 
     Outside a spawned rank (torchrun, or a plain process) rank 0 prints it itself.
     """
-    if _channel is not None:
-        q, rank = _channel
-        q.put(("msg", rank, obj))
+    if state.channel is not None:
+        q, rank = state.channel
+        q.put(("msg", rank, to_cpu(obj)))
     elif not dist.is_initialized() or dist.get_rank() == 0:
         print(obj, flush=True)
 
 
 # --------------------------------------------------------------------------------------------
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
-           on_message=print, **kwargs) -> list:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results in rank order."""
+           collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT, allow_tf32: bool = False,
+           live_output: bool | None = None, on_message=print, **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results in rank order.
+
+    ``timeout``: seconds for the whole launch. ``collective_timeout``: seconds one collective may
+    wait. ``allow_tf32``: keep TF32 matmuls (off by default, for fp32 parity). ``live_output``:
+    also print ranks' output live (default: env ``LABKIT_LIVE_OUTPUT=1``). ``on_message``: called
+    with each object a rank passes to :func:`send_to_parent`.
+    """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _run_in_process(fn, world_size, args, kwargs, backend)
-    backend = resolve_backend(backend, world_size)
+    for name, value in (("timeout", timeout), ("collective_timeout", collective_timeout)):
+        if not value or value <= 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+    if under_torchrun():
+        return _run_in_process(fn, world_size, args, kwargs, backend, collective_timeout, allow_tf32)
+    backend = _auto_backend(world_size) if backend == "auto" else resolve_backend(backend, world_size)
+    if live_output is None:
+        live_output = os.environ.get("LABKIT_LIVE_OUTPUT", "") not in ("", "0")
 
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "cloudpickle"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "cloudpickle", "labkit.launch_rank"])
     results_q = ctx.Queue()
     payload = cloudpickle.dumps((fn, args, kwargs))
     logdir = tempfile.mkdtemp(prefix="labkit-launch-")
     logs = [os.path.join(logdir, f"rank{r}.log") for r in range(world_size)]
-    procs = [ctx.Process(target=_rank_main, daemon=True,
-                         args=(r, world_size, backend, store.port, timeout, payload, results_q, logs[r]))
-             for r in range(world_size)]
+    caller_env = dict(os.environ)
+    procs = [ctx.Process(target=launch_rank.rank_main, daemon=True, args=(
+        r, world_size, backend, store.port, timeout, collective_timeout, allow_tf32,
+        launch_rank.rank_env(caller_env, r, world_size, store.port, allow_tf32),
+        payload, results_q, logs[r])) for r in range(world_size)]
+    live = LiveOutput(logs) if live_output else None
     try:
         with _main_module_hidden():
             for p in procs:
                 p.start()
-        return _collect(procs, results_q, logs, timeout, on_message)
+        return collect(procs, results_q, logs, timeout, on_message, live)
     finally:
-        _stop(procs)
+        stop(procs)
         results_q.close()
+        if live is not None:
+            live.poll(final=True)
         for path in logs:
             if os.path.exists(path):
                 os.remove(path)
         os.rmdir(logdir)
         del store
-
-
-_COLLATERAL = ("Connection closed by peer", "Connection reset by peer", "remote worker",
-               "Broken pipe", "Socket Timeout")  # a rank failing because another one died
-
-
-def _collect(procs, results_q, logs, timeout, on_message):
-    world_size = len(procs)
-    results, failures, deadline = {}, {}, time.monotonic() + timeout
-    while len(results) < world_size:
-        try:
-            kind, rank, body = results_q.get(timeout=0.05)
-        except queue_mod.Empty:
-            _find_dead(procs, results, failures)  # died without reporting (segfault, os._exit)
-            if failures:
-                _drain(procs, results, results_q, failures, on_message, seconds=0.5)
-                _stop(procs)
-                raise _first_cause(failures, logs)
-            if time.monotonic() > deadline:
-                _stop(procs)
-                unfinished = [r for r in range(world_size) if r not in results]
-                raise LaunchTimeout(unfinished, timeout, {r: _read(logs[r]) for r in unfinished})
-            continue
-        if kind == "msg":
-            if on_message is not None:
-                on_message(body)
-        elif kind == "ok":
-            results[rank] = cloudpickle.loads(body)
-        else:  # "error": give the other ranks a moment to report, then name the root cause
-            failures[rank] = body
-            _drain(procs, results, results_q, failures, on_message, seconds=1.0)
-            _stop(procs)
-            raise _first_cause(failures, logs)
-    return [results[r] for r in range(world_size)]
-
-
-def _find_dead(procs, results, failures) -> None:
-    """A rank that exited with an error code and no result. (Exit code 0 means its result is
-    still in the pipe: it is read on the next turn.)"""
-    for r, p in enumerate(procs):
-        if r not in results and r not in failures and p.exitcode not in (None, 0):
-            failures[r] = f"process exited with code {p.exitcode} without a result"
-
-
-def _drain(procs, results, results_q, failures, on_message, seconds):
-    """Collect the other ranks' reports for a moment, so the root cause can be named."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        try:
-            kind, rank, body = results_q.get(timeout=0.05)
-        except queue_mod.Empty:
-            _find_dead(procs, results, failures)
-            continue
-        if kind == "error":
-            failures.setdefault(rank, body)
-        elif kind == "msg" and on_message is not None:
-            on_message(body)
-
-
-def _first_cause(failures, logs) -> RankFailed:
-    """The rank whose failure is not a consequence of another's (peer closed the connection)."""
-    def collateral(tb):
-        return any(k in tb for k in _COLLATERAL)
-    causes = sorted(r for r, tb in failures.items() if not collateral(tb)) or sorted(failures)
-    rank = causes[0]
-    others = sorted(r for r in failures if r != rank)
-    tb = failures[rank] + (f"\n(ranks {others} failed too, after rank {rank})" if others else "")
-    return RankFailed(rank, tb, _read(logs[rank]))
 
 
 @contextlib.contextmanager
@@ -217,84 +241,31 @@ def _main_module_hidden():
         main.__dict__.update(saved)
 
 
-def _stop(procs) -> None:
-    """Terminate every rank still alive, then kill what is left; join all."""
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    end = time.monotonic() + 3.0
-    for p in procs:
-        if p.pid is not None:
-            p.join(max(0.0, end - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def _rank_main(rank, world_size, backend, port, timeout, payload, results_q, log_path):
-    """Entry point of a spawned rank: capture output, join the group, run, report."""
-    global _channel
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)  # N ranks share the cores; also makes CPU sums reproducible
-    _channel = (results_q, rank)
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
-                              timeout=datetime.timedelta(seconds=timeout))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
-        dist.barrier()  # every rank has finished connecting before any rank may finish and leave
-        fn, args, kwargs = cloudpickle.loads(payload)
-        out = fn(*args, **kwargs)
-        dist.barrier()  # nobody tears down its connections while a peer still uses them
-        results_q.put(("ok", rank, cloudpickle.dumps(out)))
-    except BaseException:  # noqa: BLE001 - every failure must reach the caller
-        tb = traceback.format_exc()
-        print(tb, file=sys.stderr)
-        results_q.put(("error", rank, tb))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        results_q.close()
-        results_q.join_thread()
-
-
-def _run_in_process(fn, world_size, args, kwargs, backend):
+def _run_in_process(fn, world_size, args, kwargs, backend, collective_timeout, allow_tf32):
     """Under torchrun: this process is one rank; run fn here and all-gather the results."""
     env_world = int(os.environ["WORLD_SIZE"])
     if env_world != world_size:
         raise ValueError(f"launch(world_size={world_size}) under torchrun with WORLD_SIZE={env_world}")
     if not dist.is_initialized():
-        backend = resolve_backend(backend, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend)
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # ranks on this node
+        if backend == "auto":                             # this process's one group: decided once
+            backend = _auto or os.environ.get("LABKIT_BACKEND", "auto").strip() or "auto"
+        backend = resolve_backend(backend, local_world)
+        if not allow_tf32:
+            os.environ["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "0"
+        launch_rank.start(backend, local_rank, allow_tf32)
+        dist.init_process_group(backend, **launch_rank.process_group_kwargs(
+            backend, local_rank, collective_timeout))
         atexit.register(_leave_together)  # a live group torn down at exit aborts the process
-    out = fn(*args, **kwargs)
+    out = to_cpu(fn(*args, **kwargs))
     gathered = [None] * world_size
     dist.all_gather_object(gathered, out)
     return gathered
 
 
 def _leave_together() -> None:
-    """At exit under torchrun: wait for every rank, then close the group we opened."""
+    """At exit under torchrun: wait for every rank, then destroy the groups we opened."""
     if dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        launch_rank.finish()

@@ -1,10 +1,20 @@
-"""The dense reference GPT: the single-device model every parallel strategy must match.
+"""The dense GPT: the single-device model every parallel layout must match, and the ONE forward.
 
-It knows nothing about parallelism (no torch.distributed here). Module names follow Megatron-LM
-core (``decoder.layers[i].self_attention.linear_qkv`` ...), so a parallelization plan can name the
-modules it cuts. Activations are [b, s, h] (batch, sequence, hidden), like nanoGPT; Megatron
-itself uses [s, b, h].
+It knows nothing about parallelism (no torch.distributed here). Its modules carry Megatron-LM
+core's names (``decoder.layers.3.self_attention.linear_qkv``), and every place a parallel plan
+changes is a module attribute, a *seam*, swapped by name (``labkit.parallelize``):
 
+    embedding.word_embeddings                TP: vocabulary-parallel embedding
+    embedding.to_sequence_shard              SP: keep this rank's s/t positions (Identity here)
+    decoder.layers.i.self_attention.linear_qkv / linear_proj, mlp.linear_fc1 / linear_fc2
+                                             TP: column- / row-parallel linears
+    decoder.layers.i.self_attention.core_attention
+                                             CP: attention over the sequence shards of all ranks
+    output_layer, loss_fn                    TP: vocabulary-parallel logits and cross-entropy
+    every Dropout's ``generator``            Megatron's RNG streams per region
+    embedding / final norm / output layer    None on pipeline stages that do not hold them
+
+Activations are [b, s, h] (batch, sequence, hidden), like nanoGPT (Megatron uses [s, b, h]).
 GPT-2 architecture (Radford et al. 2019): learned positions, pre-LayerNorm blocks, GELU MLP of
 4h, output layer tied to the word embeddings unless ``untie_embeddings_and_output_weights``.
 Initialization follows Megatron: N(0, init_method_std) for weights, the two output projections of
@@ -14,95 +24,82 @@ order, so every rank builds the same model and then keeps its shard.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import PRESETS, GPTConfig, preset  # noqa: F401 - the model's configuration
 
-@dataclass(frozen=True)
-class GPTConfig:
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 4
-    seq_length: int = 64
-    vocab_size: int = 256           # already padded (see labkit.data.padded_vocab_size)
-    ffn_hidden_size: int | None = None  # None -> 4 * hidden_size
-    init_method_std: float = 0.02
-    layernorm_epsilon: float = 1e-5
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-    untie_embeddings_and_output_weights: bool = False
-
-    def __post_init__(self):
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
-                             f"num_attention_heads {self.num_attention_heads}")
-        if self.ffn_hidden_size is None:
-            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def num_parameters(self) -> int:
-        h, f, v, s, L = self.hidden_size, self.ffn_hidden_size, self.vocab_size, self.seq_length, self.num_layers
-        per_layer = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
-        out = 0 if not self.untie_embeddings_and_output_weights else v * h
-        return v * h + s * h + L * per_layer + 2 * h + out
+__all__ = ["GPT", "GPTConfig", "PRESETS", "preset", "causal_attention", "lm_loss"]
 
 
-# GPT-2 sizes (vocab 50257 padded to 50304, a multiple of 128, as Megatron does)
-PRESETS = {
-    "tiny": GPTConfig(),
-    "gpt2": GPTConfig(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=1024, vocab_size=50304),
-    "gpt2-large": GPTConfig(num_layers=36, hidden_size=1280, num_attention_heads=20, seq_length=1024, vocab_size=50304),
-    "gpt2-xl": GPTConfig(num_layers=48, hidden_size=1600, num_attention_heads=25, seq_length=1024, vocab_size=50304),
-}
-PRESETS["124m"], PRESETS["774m"], PRESETS["1.5b"] = PRESETS["gpt2"], PRESETS["gpt2-large"], PRESETS["gpt2-xl"]
-
-
-def preset(name: str, **overrides) -> GPTConfig:
-    """A named config ("tiny", "gpt2", "gpt2-large", "gpt2-xl"), with fields overridden."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return replace(PRESETS[name], **overrides)
-
-
-# ------------------------------------------------------------------------------------------------
-def causal_attention(q, k, v, dropout_p: float = 0.0, training: bool = False):
+def causal_attention(q, k, v, dropout=None):
     """softmax(q k^T / sqrt(d) + causal mask) v.  q, k, v: [b, n_heads, s, d] -> [b, n_heads, s, d]."""
     s, d = q.shape[-2], q.shape[-1]
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)                      # [b, n, s, s]
     mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)       # True above diagonal
     probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
-    probs = F.dropout(probs, dropout_p, training)
-    return probs @ v
+    return (probs if dropout is None else dropout(probs)) @ v
+
+
+def lm_loss(logits, labels):
+    """logits [b, s, V], labels [b, s] -> scalar mean cross-entropy."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+class Dropout(nn.Module):
+    """Dropout drawing its mask from an explicit ``torch.Generator`` (the RNG seam).
+
+    The dense model gives all its Dropouts one generator; ``labkit.parallelize`` points each at the
+    stream Megatron uses for its region (replicated or tensor-parallel). A generator on another
+    device than the activations draws there and moves the mask.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p, self.generator = p, None
+
+    def mask(self, x) -> torch.Tensor:
+        """The keep-mask for ``x``: bool, x's shape, drawn from this module's generator."""
+        gen_device = self.generator.device if self.generator is not None else x.device
+        return torch.rand(x.shape, generator=self.generator, device=gen_device) >= self.p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        return x * self.mask(x).to(x.device, x.dtype) / (1.0 - self.p)
+
+
+class CoreAttention(nn.Module):
+    """Causal softmax attention of the local heads: q, k, v [b, n, s, d] -> [b, n, s, d]."""
+
+    def __init__(self, attention_dropout: float):
+        super().__init__()
+        self.attention_dropout = Dropout(attention_dropout)
+
+    def forward(self, q, k, v):
+        return causal_attention(q, k, v, self.attention_dropout)
 
 
 class SelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.head_dim, self.attention_dropout = cfg.head_dim, cfg.attention_dropout
+        self.head_dim = cfg.head_dim
         # Megatron's fused QKV layout: output features grouped per head as [q_h | k_h | v_h], so a
         # contiguous slice of rows (a tensor-parallel shard) holds whole heads.
         self.linear_qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.core_attention = CoreAttention(cfg.attention_dropout)
         self.linear_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x):                                   # x: [b, s, h]
-        b, s, _ = x.shape
-        qkv = self.linear_qkv(x)                            # [b, s, 3h] (3h/tp under TP)
-        n_heads = qkv.shape[-1] // (3 * self.head_dim)      # heads held by this module
+    def forward(self, x):                                   # x: [b, s, h] (s/t under SP)
+        qkv = self.linear_qkv(x)                            # [b, s, 3h] (s full, 3h/t under TP)
+        b, s, _ = qkv.shape
+        n_heads = qkv.shape[-1] // (3 * self.head_dim)      # heads held by this rank
         qkv = qkv.view(b, s, n_heads, 3 * self.head_dim).transpose(1, 2)  # [b, n, s, 3d]
         q, k, v = qkv.split(self.head_dim, dim=-1)
-        y = causal_attention(q, k, v, self.attention_dropout, self.training)  # [b, n, s, d]
-        y = y.transpose(1, 2).reshape(b, s, n_heads * self.head_dim)
-        return self.linear_proj(y)
+        y = self.core_attention(q, k, v)                    # [b, n, s, d]
+        return self.linear_proj(y.transpose(1, 2).reshape(b, s, n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -112,57 +109,91 @@ class MLP(nn.Module):
         self.linear_fc2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size)
 
     def forward(self, x):                                   # [b, s, h] -> [b, s, h]
-        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))  # 4h/t in between under TP
 
 
 class TransformerLayer(nn.Module):
-    """Pre-LN block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-LN block: x + dropout(attn(ln(x))), then x + dropout(mlp(ln(x)))."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.hidden_dropout = cfg.hidden_dropout
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
         self.self_attention = SelfAttention(cfg)
+        self.self_attn_dropout = Dropout(cfg.hidden_dropout)
         self.pre_mlp_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
         self.mlp = MLP(cfg)
+        self.mlp_dropout = Dropout(cfg.hidden_dropout)
 
     def forward(self, x):
-        drop = lambda t: F.dropout(t, self.hidden_dropout, self.training)  # noqa: E731
-        x = x + drop(self.self_attention(self.input_layernorm(x)))
-        return x + drop(self.mlp(self.pre_mlp_layernorm(x)))
+        x = x + self.self_attn_dropout(self.self_attention(self.input_layernorm(x)))
+        return x + self.mlp_dropout(self.mlp(self.pre_mlp_layernorm(x)))
 
 
 class Embedding(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.dropout = cfg.hidden_dropout
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position_embeddings = nn.Embedding(cfg.seq_length, cfg.hidden_size)
+        self.to_sequence_shard = nn.Identity()
+        self.embedding_dropout = Dropout(cfg.hidden_dropout)
 
-    def forward(self, tokens):                              # [b, s] int64 -> [b, s, h]
-        pos = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.word_embeddings(tokens) + self.position_embeddings(pos)
-        return F.dropout(x, self.dropout, self.training)
+    def forward(self, tokens, position_ids=None):          # [b, s] int64 -> [b, s, h]
+        if position_ids is None:
+            position_ids = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)
+        return self.embedding_dropout(self.to_sequence_shard(x))
+
+
+class OutputLayer(nn.Module):
+    """logits = x W^T, W [V, h]: its own weight, or (tied) the weight passed in (Megatron's
+    ``output_layer(..., weight=shared_embedding_or_output_weight())``)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        untied = cfg.untie_embeddings_and_output_weights
+        self.weight = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size)) if untied else None
+
+    def forward(self, x, weight=None):                      # [b, s, h] -> [b, s, V]
+        return F.linear(x, self.weight if weight is None else weight)
+
+
+class LMLoss(nn.Module):
+    """Mean next-token cross-entropy over the b*s positions of the (micro)batch."""
+
+    def forward(self, logits, labels):
+        return lm_loss(logits, labels)
+
+
+class Layers(nn.ModuleDict):
+    """Transformer layers keyed by their global number ("0", "1", ...), so a pipeline stage that
+    keeps layers 4-7 still names them ``decoder.layers.4`` like the dense model; ``layers[4]`` works."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(str(key))
 
 
 class Decoder(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = Layers({str(i): TransformerLayer(cfg) for i in range(cfg.num_layers)})
         self.final_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
 
 
 class GPT(nn.Module):
-    """``GPT(cfg, seed)(tokens) -> logits`` [b, s, V]; ``.loss(tokens, labels)`` -> mean cross-entropy."""
+    """``GPT(cfg, seed)(tokens) -> logits`` [b, s, V]; ``GPT(...)(tokens, labels)`` -> mean loss."""
 
     def __init__(self, cfg: GPTConfig = GPTConfig(), seed: int = 0):
         super().__init__()
         self.cfg = cfg
         self.embedding = Embedding(cfg)
         self.decoder = Decoder(cfg)
-        self.output_layer = (nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-                             if cfg.untie_embeddings_and_output_weights else None)
+        self.output_layer = OutputLayer(cfg)
+        self.loss_fn = LMLoss()
         self.reset_parameters(seed)
+        gen = torch.Generator().manual_seed(seed)           # one dropout stream for the dense model
+        for m in self.modules():
+            if isinstance(m, Dropout):
+                m.generator = gen
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
@@ -177,22 +208,42 @@ class GPT(nn.Module):
                 scale = out_std if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
 
-    def output_weight(self) -> torch.Tensor:
-        """[V, h]: the output layer's weight, or the word embeddings when tied."""
-        return self.embedding.word_embeddings.weight if self.output_layer is None else self.output_layer.weight
+    def part(self, layers, pre_process: bool = True, post_process: bool = True) -> "GPT":
+        """A GPT made of some of this model's modules (shared, not copied): the decoder layers
+        numbered ``layers``, the embedding if ``pre_process``, the final norm, output layer and loss
+        if ``post_process`` (Megatron's GPTModel arguments of the same names)."""
+        new = GPT.__new__(GPT)
+        nn.Module.__init__(new)
+        new.cfg = self.cfg
+        new.embedding = self.embedding if pre_process else None
+        new.decoder = nn.Module()
+        new.decoder.layers = Layers({str(i): self.decoder.layers[i] for i in layers})
+        new.decoder.final_layernorm = self.decoder.final_layernorm if post_process else None
+        new.output_layer = self.output_layer if post_process else None
+        new.loss_fn = self.loss_fn if post_process else None
+        return new
 
-    def forward(self, tokens):                              # [b, s] -> logits [b, s, V]
-        x = self.embedding(tokens)
-        for layer in self.decoder.layers:
-            x = layer(x)
+    def output_weight(self) -> torch.Tensor:
+        """The output layer's weight, or the word embeddings when tied and held here."""
+        if self.output_layer.weight is not None:
+            return self.output_layer.weight
+        return self.embedding.word_embeddings.weight
+
+    def forward(self, x, labels=None, position_ids=None):
+        """x: tokens [b, s] (a stage with the embedding) or hidden states [b, s, h] (a later
+        pipeline stage). Returns hidden states (a stage without the output layer), else logits
+        [b, s, V] or, given ``labels``, the loss."""
+        if self.embedding is not None:
+            x = self.embedding(x, position_ids)             # [b, s] -> [b, s, h]
+        for layer in self.decoder.layers.values():
+            x = layer(x)                                    # [b, s, h]
+        if self.output_layer is None:                       # not the last pipeline stage
+            return x
         x = self.decoder.final_layernorm(x)
-        return x @ self.output_weight().t()
+        tied = self.embedding.word_embeddings.weight if self.output_layer.weight is None else None
+        logits = self.output_layer(x, tied)                 # [b, s, V] (V/t under TP)
+        return logits if labels is None else self.loss_fn(logits, labels)
 
     def loss(self, tokens, labels):
         """Mean next-token cross-entropy over all b*s positions."""
-        return lm_loss(self(tokens), labels)
-
-
-def lm_loss(logits, labels):
-    """logits [b, s, V], labels [b, s] -> scalar mean cross-entropy."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        return self(tokens, labels)

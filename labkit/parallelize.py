@@ -1,25 +1,25 @@
-"""Apply the parallel strategies to the dense GPT, in one fixed order, and run a training step.
+"""Apply the parallel strategies to the dense GPT in one fixed order, and run a training step.
 
-    TP/SP (cut layers)  ->  CP (split the sequence)  ->  PP (keep this rank's stages)  ->  DP/ZeRO
+    1. PP   split the model into this rank's stages (model chunks)          pipeline_parallel/stage.py
+    2. TP   swap each chunk's modules for tensor-parallel ones, by name     tensor_parallel/plan.py
+       (SP is part of the TP plan; then Megatron's dropout streams)         tensor_parallel/random.py
+    3. CP   (chapter "Context parallelism"; not in labkit.train yet)
+    4. EP   (chapter "Expert parallelism"; not in labkit.train yet)
+    5. DP   average what the rank holds over dp (x cp); ZeRO shards it     data_parallel/wrap.py
 
-The order of picotron's train.py and torchtitan's parallelize_llama: each step only needs what the
-previous one produced (TP cuts whole layers; PP then keeps some of the cut layers; DP finally wraps
-whatever parameters this rank holds). The model itself knows nothing of this (labkit/model.py).
+torchtitan's order (``parallelize_llama``: pipeline split first, then TP and the rest on each
+stage, data parallelism last). Each step only needs what the previous one produced, and the model
+itself knows nothing of this (labkit/model.py has the seams).
 
-One :class:`Engine` runs an iteration for any combination:
+One :class:`Engine` runs an iteration for every combination, finishing gradients as Megatron's
+``finalize_model_grads`` does (``megatron/core/distributed/finalize_model_grads.py``, d98e8a64):
 
-    loss_sum = runner.forward_backward(microbatches, dp)   # PP schedule or a plain loop
-    dp.finish_grad_sync()                                  # DP: average gradients over dp
-    runner.finalize_model_grads()                          # SP norms over tp, tied embeddings over pp
-    grad_norm = ...; dp.step()                             # optimizer (sharded under ZeRO)
-
-Contracts of the pieces (each strategy module implements its part):
-- runner: ``.module`` (what this rank holds), ``.named_parameters()``,
-  ``.forward_backward(microbatches, dp) -> float`` (sum over microbatches of loss / num_microbatches,
-  on the stage that computes the loss, else 0.0; backward of all but the last microbatch runs inside
-  ``dp.grad_sync_context(is_last_microbatch)``), ``.computes_loss`` (bool), ``.finalize_model_grads()``.
-- dp: ``grad_sync_context(is_last)``, ``finish_grad_sync()``, ``grad_sq_sum(counts)``,
-  ``scale_grads(coef)``, ``step()``, ``grads_sharded`` (bool). See labkit/data_parallel.py.
+    loss = runner.forward_backward(microbatches, dp)   # PP schedule, or a plain loop
+    dp.finish_grad_sync()                              # DP first: average over dp (x cp)
+    dp.all_reduce_grads(sequence_parallel, tp)         # SP: norms and row biases, summed over tp
+    dp.all_reduce_grads(shared_embedding, embd)        # PP: the two tied-embedding copies
+    norm = sqrt(sum over the world of what each rank owns)   # param_attrs.owns: each value once
+    clip; dp.step()
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .groups import Group
+from .param_attrs import owns
 
 
 class SingleStageRunner:
@@ -36,115 +37,131 @@ class SingleStageRunner:
 
     computes_loss = True
 
-    def __init__(self, module, groups: dict[str, Group]):
-        self.module, self.groups = module, groups
-
-    def named_parameters(self):
-        return list(self.module.named_parameters())
+    def __init__(self, chunks: list):
+        self.chunks = chunks
 
     def forward_backward(self, microbatches, dp) -> float:
-        total, n = 0.0, len(microbatches)
-        for j, (tokens, labels) in enumerate(microbatches):
+        model, n = self.chunks[0], len(microbatches)
+        total = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
+        for j, mb in enumerate(microbatches):
             with dp.grad_sync_context(is_last_microbatch=(j == n - 1)):
-                loss = self.module.loss(tokens, labels) / n   # mean over the global batch
+                loss = model(*mb) / n                       # mean over the global batch
                 loss.backward()
-            total += loss.item()
-        return total
-
-    def finalize_model_grads(self) -> None:
-        all_reduce_sequence_parallel_grads(self.module, self.groups.get("tp"))
-
-
-def all_reduce_sequence_parallel_grads(module, tp: Group | None) -> None:
-    """Parameters replicated over TP but fed different sequence shards (SP: layer norms, and the
-    biases added after a reduce-scatter) get partial gradients: sum them over the tp group."""
-    if tp is None or tp.size == 1:
-        return
-    from .comm import all_reduce
-    for p in module.parameters():
-        if getattr(p, "sequence_parallel", False) and p.grad is not None:
-            p.grad.copy_(all_reduce(tp, p.grad))
-
-
-def grad_reduce_group(groups: dict[str, Group]) -> Group | None:
-    """The group gradients are averaged over: dp, or dp x cp when context parallel (same weights)."""
-    cp = groups.get("cp")
-    return groups.get("dp_cp") if cp is not None and cp.size > 1 else groups.get("dp")
-
-
-def counts_once(param, groups: dict[str, Group]) -> bool:
-    """Whether this rank adds ``param`` to the global gradient norm: parameters replicated over
-    tp count on tp rank 0 only; a tied embedding held by first and last stage counts once."""
-    tp, pp = groups.get("tp"), groups.get("pp")
-    if not getattr(param, "tensor_model_parallel", False) and tp is not None and tp.rank != 0:
-        return False
-    if getattr(param, "shared_embedding", False) and pp is not None and pp.rank != 0:
-        return False
-    return True
-
-
-def _bookkeeping_sum(group: Group | None, value: float, dtype=torch.float64) -> float:
-    """Sum a logged scalar over a group. Not counted in ``group.stats``: logging, not training."""
-    if group is None or group.size == 1:
-        return value
-    t = torch.tensor([value], dtype=dtype, device=_device())
-    dist.all_reduce(t, group=group.pg)
-    return t.item()
-
-
-def _device():
-    from .launcher import device
-    return device()
+            total += loss.detach().double()
+        return float(total)                                 # one host sync per iteration
 
 
 class Engine:
     """One training iteration for any combination of strategies. See the module docstring."""
 
-    def __init__(self, runner, dp, groups: dict[str, Group], clip_grad: float = 0.0):
-        self.runner, self.dp, self.groups, self.clip_grad = runner, dp, groups, clip_grad
+    def __init__(self, runner, dp, groups: dict[str, Group], coords: dict, cfg, batch_transform=None):
+        self.runner, self.dp, self.groups, self.coords, self.cfg = runner, dp, groups, coords, cfg
+        self.batch_transform = batch_transform or (lambda mb: mb)
+        self.last_grads = None   # {name: full gradient} of the last step, when capture_grads
 
-    def step(self, microbatches) -> tuple[float, float]:
-        """Returns (loss of the whole global batch, global gradient norm), equal on every rank."""
-        loss_sum = self.runner.forward_backward(microbatches, self.dp)
-        self.dp.finish_grad_sync()
-        self.runner.finalize_model_grads()
+    def step(self, microbatches, capture_grads: bool = False) -> tuple[float, float]:
+        """One iteration on this rank's microbatches [(tokens, labels)]. Returns (loss of the whole
+        global batch, global gradient norm), equal on every rank."""
+        loss_sum = self.runner.forward_backward([self.batch_transform(mb) for mb in microbatches], self.dp)
+        self.finalize_grads()
+        if capture_grads:
+            self.last_grads = self.dp.full_grads()
         grad_norm = self.grad_norm()
-        if self.clip_grad > 0 and grad_norm > self.clip_grad:
-            self.dp.scale_grads(self.clip_grad / (grad_norm + 1e-6))
+        clip = self.cfg.clip_grad
+        if clip > 0 and grad_norm > clip:
+            self.dp.scale_grads(clip / (grad_norm + 1e-6))
         self.dp.step()
         return self.global_loss(loss_sum), grad_norm
 
-    def global_loss(self, loss_sum: float) -> float:
-        """Loss on the last stage, shared over pp, averaged over dp (and cp) replicas."""
-        pp = self.groups.get("pp")
-        local = loss_sum if self.runner.computes_loss else 0.0
-        total = _bookkeeping_sum(pp, local)  # only the last stage contributes
-        dp = grad_reduce_group(self.groups)
-        return _bookkeeping_sum(dp, total) / (dp.size if dp is not None else 1)
+    def finalize_grads(self) -> None:
+        """Megatron's order: DP first, then the TP (SP) sums, then the embedding group's sum."""
+        self.dp.finish_grad_sync()
+        tp, embd = self.groups.get("tp"), self.groups.get("embd")
+        if tp is not None and tp.size > 1:
+            self.dp.all_reduce_grads(lambda p: getattr(p, "sequence_parallel", False), tp)
+        if embd is not None:
+            self.dp.all_reduce_grads(lambda p: getattr(p, "shared_embedding", False), embd)
 
     def grad_norm(self) -> float:
-        sq = self.dp.grad_sq_sum(lambda p: counts_once(p, self.groups))
-        if self.dp.grads_sharded:
-            sq = _bookkeeping_sum(grad_reduce_group(self.groups), sq)
-        sq = _bookkeeping_sum(self.groups.get("mp"), sq)
-        return math.sqrt(sq)
+        sq = self.dp.grad_sq_sum(lambda p: owns(p, self.coords, self.dp.grads_sharded))
+        return math.sqrt(_bookkeeping_sum(self.groups["world"], sq))
+
+    def global_loss(self, loss_sum: float) -> float:
+        """Loss on the last stage, shared over the world: each data-parallel replica (dp x cp, tp
+        rank 0) adds its own, the sum divided by their number."""
+        c = self.coords
+        mine = self.runner.computes_loss and c["tp"] == 0
+        replicas = self.groups["dp"].size * self.groups["cp"].size
+        return _bookkeeping_sum(self.groups["world"], loss_sum if mine else 0.0) / replicas
 
 
-def parallelize(model, topo, groups: dict[str, Group], cfg) -> Engine:
+def _bookkeeping_sum(group: Group, value) -> float:
+    """Sum a logged scalar over a group; not counted in ``group.stats`` (logging, not training)."""
+    if group.size == 1:
+        return float(value)
+    from .launcher import device
+    t = torch.as_tensor(value, dtype=torch.float64).reshape(1).to(device())
+    dist.all_reduce(t, group=group.pg)
+    return float(t)
+
+
+def dense_shards(engine: Engine, which: str = "grads") -> dict:
+    """This rank's part of the dense model's gradients (after a ``capture_grads`` step) or
+    parameters: {dense name: (tensor on the CPU, partition_dim or None)}. Only the ranks that own a
+    value send it (dp rank 0, cp rank 0; tp-replicated ones from tp rank 0; never the last stage's
+    tied copy), so :func:`assemble` sees each value once."""
+    full = engine.last_grads if which == "grads" else engine.dp.full_parameters()
+    if engine.coords["dp"] or engine.coords["cp"]:
+        return {}
+    params = {n: p for chunk in engine.runner.chunks for n, p in chunk.named_parameters()}
+    out = {}
+    for name, t in full.items():
+        p = params[name]
+        if getattr(p, "shared", False):
+            continue
+        sharded = getattr(p, "tensor_model_parallel", False)
+        if sharded or engine.coords["tp"] == 0:
+            out[name] = (t.detach().cpu(), getattr(p, "partition_dim", None) if sharded else None)
+    return out
+
+
+def assemble(per_rank: list[dict]) -> dict[str, torch.Tensor]:
+    """Merge :func:`dense_shards` of every rank (in rank order, so tp shards are in tp order)
+    into {dense name: full tensor}."""
+    parts: dict[str, list] = {}
+    for shards in per_rank:
+        for name, (t, dim) in shards.items():
+            parts.setdefault(name, []).append((t, dim))
+    return {n: (ps[0][0] if ps[0][1] is None else torch.cat([t for t, _ in ps], dim=ps[0][1]))
+            for n, ps in parts.items()}
+
+
+def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> Engine:
     """Cut the dense ``model`` for this rank, in the fixed order, and return its Engine."""
-    # 1. Tensor (and sequence) parallelism: replace layers by their tp shards (chapter 4/5).
-    if cfg.tensor_model_parallel_size > 1:
-        from .tensor_parallel import apply_tensor_parallel
-        model = apply_tensor_parallel(model, groups["tp"], sequence_parallel=cfg.sequence_parallel)
-    # 2. Context parallelism: (chapter 6; not implemented yet — TrainConfig rejects cp > 1).
-    # 3. Pipeline parallelism: keep this rank's stage(s) and run a schedule (chapters 7/8).
-    if cfg.pipeline_model_parallel_size > 1:
-        from .pipeline_parallel import PipelineRunner
-        runner = PipelineRunner(model, groups, cfg)
+    from .data_parallel.wrap import wrap_data_parallel
+    from .tensor_parallel.random import apply_rng_streams
+    coords = topo.coords(dist.get_rank())
+    # 1. Pipeline parallelism: keep this rank's stages (chapters "Pipeline", "Interleaved").
+    if topo.pp > 1:
+        from .pipeline_parallel.stage import split
+        chunks = split(model, cfg, coords["pp"])
     else:
-        runner = SingleStageRunner(model, groups)
-    # 4. Data parallelism / ZeRO over the parameters this rank holds (chapter 3).
-    from .data_parallel import build_data_parallel
-    dp = build_data_parallel(runner.named_parameters(), groups, cfg, module=runner.module)
-    return Engine(runner, dp, groups, clip_grad=cfg.clip_grad)
-
+        chunks = [model]
+    # 2. Tensor (and sequence) parallelism on each stage, by module name (chapters TP / SP).
+    if topo.tp > 1:
+        from .tensor_parallel.plan import apply_tensor_parallel
+        for chunk in chunks:
+            apply_tensor_parallel(chunk, groups["tp"], sequence_parallel=cfg.sequence_parallel)
+    apply_rng_streams(chunks, seed, coords["pp"], coords["tp"], cfg.sequence_parallel and topo.tp > 1,
+                      next(model.parameters()).device)
+    # 3./4. Context and expert parallelism plug in here (labkit.config refuses them until then).
+    # 5. Data parallelism / ZeRO over everything this rank holds (chapter "Data parallelism").
+    dp = wrap_data_parallel(chunks, groups, cfg)
+    if topo.pp > 1:
+        from .pipeline_parallel.executor import PipelineRunner
+        sp = topo.tp if cfg.sequence_parallel and topo.tp > 1 else 1   # SP: hidden states [b, s/t, h]
+        runner = PipelineRunner(chunks, groups, activation_shape=lambda tokens: (
+            tokens.shape[0], tokens.shape[1] // sp, cfg.hidden_size))
+    else:
+        runner = SingleStageRunner(chunks)
+    return Engine(runner, dp, groups, coords, cfg)

@@ -118,6 +118,11 @@ class Topology:
         self.coords(rank)  # validates rank
         return next(g for g in self.groups(axis) if rank in g)
 
+    def embedding_groups(self) -> list[list[int]]:
+        """Megatron's embedding groups: the first and the last rank of each pp group (they hold the
+        two copies of a tied word embedding). Empty without pipeline parallelism."""
+        return [[g[0], g[-1]] for g in self.groups("pp")] if self.pp > 1 else []
+
     def describe(self) -> str:
         return (f"world {self.world_size} = tp {self.tp} x cp {self.cp} x dp {self.dp} "
                 f"x pp {self.pp}" + (f" (ep {self.ep} within dp)" if self.ep > 1 else ""))

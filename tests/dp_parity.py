@@ -1,5 +1,5 @@
 """Shared by tests/test_data_parallel.py and tests/test_zero.py: the single-device reference and
-one launch per DP size that trains several variants (labkit/dp_measure.py, the real Engine path).
+one launch per DP size that trains several variants (labkit/measure/dp.py, the real Engine path).
 
 Reference: ``labkit.reference.train_reference`` (an independent loop: whole global batch, one
 forward/backward, plain AdamW), run for k = 0..5 steps to get the parameters after each step, plus
@@ -28,8 +28,9 @@ def reference():
     params, norms = [], []
     tokens = data.load_tokens()
     for k in range(STEPS + 1):
-        losses, model = train_reference(steps=k, seed=SEED, return_model=True, micro_batch_size=GBS,
-                                        global_batch_size=GBS, **MODEL)
+        out = train_reference(steps=k, seed=SEED, return_model=True, micro_batch_size=GBS,
+                              global_batch_size=GBS, **MODEL)
+        losses, model = out["losses"], out["model"]
         if k:
             params.append({n: p.detach().clone() for n, p in model.named_parameters()})
         if k < STEPS:  # gradient of step k+1, taken at the parameters after k steps
@@ -42,7 +43,7 @@ def reference():
 
 def variants(names, dp: int) -> dict:
     """Each variant without accumulation (1 microbatch) and with it (2 microbatches)."""
-    from labkit.dp_measure import VARIANTS
+    from labkit.measure.dp import VARIANTS
     out = {}
     for name in names:
         out[f"{name}"] = dict(VARIANTS[name], micro_batch_size=GBS // dp)
@@ -52,7 +53,7 @@ def variants(names, dp: int) -> dict:
 
 def run(names, dp: int) -> list[dict]:
     import labkit
-    from labkit.dp_measure import parity_worker
+    from labkit.measure.dp import parity_worker
     return labkit.launch(parity_worker, dp, variants(names, dp), STEPS, SEED,
                          dict(MODEL, global_batch_size=GBS))
 

@@ -221,7 +221,7 @@ def test_step_time_parts_add_up_and_tp1_has_no_tp_comm():
                          recompute_granularity="full")
     r = c.step_time(m, par, c.cluster("dgx-a100", 4))
     assert r["tp_comm"] == r["pp_comm"] == r["bubble"] == 0.0
-    assert r["step_time"] == pytest.approx(r["compute"] + r["dp_comm"])
+    assert r["step_time"] == pytest.approx(r["compute"] + r["dp_comm"] + r["optimizer"] + r["fixed"])
     with pytest.raises(ValueError, match="world_size equals the cluster"):
         c.step_time(m, par, c.cluster("dgx-a100", 2))
 

@@ -1,4 +1,5 @@
-"""Tier 2: labkit.comm collectives on gloo ranks — values, byte counters, autograd conjugates, p2p."""
+"""Tier 2: labkit.comm collectives on gloo ranks — values, byte counters, p2p; and the autograd
+conjugate pairs built on them (tensor_parallel/tp_comm.py, expert_parallel/ep_comm.py)."""
 import pytest
 import torch
 
@@ -66,9 +67,10 @@ def _conjugates(n_el):
     """Forward and backward of every autograd pair against the dense math they stand for."""
     import torch
     import torch.distributed as dist
-    from labkit import comm
+    from labkit.expert_parallel import ep_comm
     from labkit.groups import world_group
     from labkit.launcher import device
+    from labkit.tensor_parallel import tp_comm
     g, r = world_group(), dist.get_rank()
     gen = torch.Generator().manual_seed(r)
     res = {}
@@ -76,7 +78,7 @@ def _conjugates(n_el):
                  "gather_from_sequence", "reduce_scatter_to_sequence", "all_to_all_autograd"]:
         x = torch.randn(2 * g.size, 4 * g.size, 4 * g.size, dtype=torch.float64, generator=gen)
         x = x.to(device()).requires_grad_()
-        fn = getattr(comm, name)
+        fn = getattr(ep_comm if name == "all_to_all_autograd" else tp_comm, name)
         y = fn(g, x)
         dy = torch.randn(y.shape, dtype=torch.float64, generator=gen).to(device())
         y.backward(dy)
@@ -151,3 +153,27 @@ def test_reduce_scatter_rejects_indivisible():
         comm.reduce_scatter(world_group(), torch.ones(3))
     with pytest.raises(labkit.launcher.RankFailed, match="not divisible by 2"):
         labkit.launch(f, 2)
+
+
+def _named_exchange(planted: bool):
+    import torch
+    import torch.distributed as dist
+    from labkit import comm
+    from labkit.groups import world_group
+    g, r = world_group(), dist.get_rank()
+    x = torch.full((2, 3), float(r))
+    if r == 0:
+        comm.exchange(g, sends=[(x, 1, (0, 1, 7)), (x + 1, 1, (0, 1, 8))])
+        return None
+    expect = [(0, (0, 1, 8 if planted else 7), (2, 3), torch.float32), (0, (0, 1, 8), (2, 3), torch.float32)]
+    return [t.tolist() for t in comm.exchange(g, recvs=expect)]
+
+
+def test_exchange_names_each_message_and_catches_the_wrong_order():
+    """The pipeline's p2p: two messages to one peer in one batch arrive in posting order, and a
+    receiver expecting another message than the one that came raises (NCCL would not notice)."""
+    _, got = labkit.launch(_named_exchange, 2, False)
+    assert got == [[[0.0] * 3] * 2, [[1.0] * 3] * 2]
+    with pytest.raises(labkit.launcher.RankFailed, match=r"p2p order mismatch: from group rank 0 "
+                                                         r"expected message \(0, 1, 8\), got \(0, 1, 7\)"):
+        labkit.launch(_named_exchange, 2, True)

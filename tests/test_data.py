@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from labkit import data
+from labkit.config import padded_vocab_size
 
 
 def test_byte_tokenizer_roundtrip():
@@ -15,7 +16,7 @@ def test_byte_tokenizer_roundtrip():
 @pytest.mark.parametrize("vocab,div,tp,expected", [
     (50257, 128, 1, 50304), (50257, 128, 8, 51200), (256, 128, 1, 256), (256, 128, 4, 512), (256, 64, 4, 256)])
 def test_padded_vocab_size_megatron_rule(vocab, div, tp, expected):
-    assert data.padded_vocab_size(vocab, div, tp) == expected
+    assert padded_vocab_size(vocab, div, tp) == expected
 
 
 def test_corpus_ships_and_batches_are_deterministic():

@@ -16,10 +16,11 @@ import torch
 
 import labkit
 from labkit.calc.comm import dp_step_bytes
-from labkit.data_parallel import BucketedDataParallel, NaiveDataParallel, build_data_parallel, make_buckets
-from labkit.dp_measure import overlap_worker
+from labkit.config import TrainConfig
+from labkit.data_parallel.ddp import BucketedDataParallel, NaiveDataParallel, make_buckets
+from labkit.data_parallel.wrap import wrap_data_parallel
+from labkit.measure.dp import overlap_worker
 from labkit.reference import train_reference
-from labkit.training import TrainConfig
 
 import dp_parity
 
@@ -58,15 +59,17 @@ def test_buckets_reverse_order_and_size():
 
 
 def test_factory_choice():
+    from labkit.data_parallel.zero import ZeRO1, ZeRO3
     from labkit.groups import Group
-    g = {"dp": Group("dp", (0,), None)}
-    model = torch.nn.Linear(4, 4)
-    named = list(model.named_parameters())
-    assert type(build_data_parallel(named, g, TrainConfig())) is NaiveDataParallel
-    assert type(build_data_parallel(named, g, TrainConfig(ddp_bucket_size=8))) is BucketedDataParallel
-    from labkit.zero import ZeRO1, ZeRO3
-    assert type(build_data_parallel(named, g, TrainConfig(use_distributed_optimizer=True))) is ZeRO1
-    assert type(build_data_parallel(named, g, TrainConfig(zero_stage=3), module=model)) is ZeRO3
+    g = {"dp": Group("dp", (0,), None), "cp": Group("cp", (0,), None)}
+
+    def kinds(cfg):
+        model = torch.nn.Linear(4, 4)
+        return [type(m) for m in wrap_data_parallel([model], g, cfg).members]
+    assert kinds(TrainConfig()) == [NaiveDataParallel]
+    assert kinds(TrainConfig(ddp_bucket_size=8)) == [BucketedDataParallel]
+    assert kinds(TrainConfig(use_distributed_optimizer=True)) == [ZeRO1]
+    assert kinds(TrainConfig(zero_stage=3)) == [ZeRO3]
 
 
 def test_overlap_event_order():
@@ -103,14 +106,14 @@ def test_train_losses_equal_reference(ref_losses, flags):
 
 @pytest.mark.parametrize("kw, rule", [
     (dict(world_size=4, tensor_model_parallel_size=3), "divisible"),            # dp does not divide the world
-    (dict(world_size=2, micro_batch_size=2, global_batch_size=6), "global_batch_size 6 is not divisible"),
+    (dict(world_size=2, micro_batch_size=2, global_batch_size=6), r"global_batch_size divisible by "
+                                                                   r"micro_batch_size \* DP; 6 % \(2 \* 2\)"),
     (dict(world_size=2, ddp_bucket_size=0), "ddp_bucket_size must be a positive"),
     (dict(world_size=2, ddp_bucket_size=-5), "ddp_bucket_size must be a positive"),
     (dict(world_size=2, zero_stage=4), "zero_stage must be 0, 1, 2 or 3"),
     (dict(world_size=2, zero_stage=2, ddp_bucket_size=100), "applies to zero_stage 0 only"),
-    (dict(world_size=4, zero_stage=1, tensor_model_parallel_size=2), "needs tensor_model_parallel_size"),
-    (dict(world_size=4, use_distributed_optimizer=True, pipeline_model_parallel_size=2, num_layers=4),
-     "needs tensor_model_parallel_size"),
+    (dict(world_size=4, zero_stage=3, pipeline_model_parallel_size=2, num_layers=4),
+     "zero_stage 3 with pipeline_model_parallel_size 2"),
 ])
 def test_bad_input_raises_before_launch(kw, rule, monkeypatch):
     import labkit.launcher
@@ -136,7 +139,7 @@ def test_bucketed_composes_with_pipeline():
 def test_nccl_parity_and_weak_scaling(variant):
     """On a GPU node (NCCL, one rank per GPU): every variant's losses equal the reference, and DP 2
     runs twice the global batch; the step times are printed (weak scaling), never asserted."""
-    from labkit.dp_measure import VARIANTS
+    from labkit.measure.dp import VARIANTS
     kw = dict(dp_parity.MODEL, global_batch_size=8, **VARIANTS[variant])
     expected = train_reference(steps=5, micro_batch_size=8, **{k: v for k, v in kw.items()
                                                               if k not in ("ddp_bucket_size", "zero_stage")})
@@ -149,7 +152,7 @@ def test_check_bucket_hook_catches_missing_average(capsys):
     """The lab's check fails a hook that forgets / dp, and says the gradients are dp x the mean
     (its passing path, with the reference hook, runs in labs/data-parallel-lab.ipynb)."""
     from labkit.check import data_parallel as check
-    from labkit.data_parallel import all_reduce_async
+    from labkit.data_parallel.ddp import all_reduce_async
 
     def summing_hook(bucket, param):
         bucket.ready.add(id(param))

@@ -1,5 +1,6 @@
-"""Notebook tooling: student copies drop solutions; the grader counts checks; every stored notebook
-is complete (all code cells executed) so nbval compares real outputs."""
+"""Notebook tooling: student copies drop solutions; every lab is the student copy of its master in
+solutions/; every stored notebook is complete (all code cells executed) so nbval compares real
+outputs. The grader itself: tests/test_grader.py."""
 import json
 from pathlib import Path
 
@@ -29,14 +30,36 @@ def test_student_copy_drops_solutions_and_outputs(tmp_path):
     assert all(c.outputs == [] for c in nb.cells)
 
 
-def test_grade_counts_pass_and_fail(tmp_path, capsys):
-    src, dst = tmp_path / "lab.ipynb", tmp_path / "student.ipynb"
-    _exercise_notebook(src)
-    assert notebooks.grade(src) == (2, 0)          # with the solution
-    notebooks.student_copy(src, dst)
-    assert notebooks.grade(dst) == (1, 1)          # without it, the answer check fails
-    out = capsys.readouterr().out
-    assert "[check] FAIL answer: answer is None" in out and "1 passed, 1 failed" in out
+def test_grader_refuses_a_master_without_exercise_metadata(tmp_path):
+    # version 1's labs marked solutions by tag only: the grader cannot know the exercises or points
+    from labkit.notebooks.gradebook import MasterError, load_master
+    _exercise_notebook(tmp_path / "lab.ipynb")
+    with pytest.raises(MasterError, match="names no exercise"):
+        load_master(tmp_path / "lab.ipynb")
+
+
+MASTERS = sorted((notebooks.ROOT / "solutions").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda p: p.name)
+def test_every_lab_is_the_student_copy_of_its_master(master):
+    """solutions/X.ipynb is a valid master; labs/X.ipynb is exactly its student copy (no drift)."""
+    m = nbformat.read(master, as_version=4)
+    assert notebooks.validate(m, kind="master") == []
+    lab = notebooks.ROOT / "labs" / master.name
+    assert lab.exists(), f"no {lab}: python -m labkit.notebooks student-copy {master} {lab} --refresh"
+    problems = notebooks.validate(nbformat.read(lab, as_version=4), kind="student", master=m)
+    assert not problems, (f"{lab} is not the student copy of {master}: " + "; ".join(problems) +
+                          f". Regenerate: python -m labkit.notebooks student-copy {master} {lab} --refresh")
+
+
+def test_every_lab_has_a_master_once_solutions_exist():
+    # labs/ holds only student copies: no lab without its master, no master without its lab
+    if not MASTERS:
+        pytest.skip("no solutions/ masters yet (labs/ still hold their solutions: version 1)")
+    labs, masters = {p.name for p in (notebooks.ROOT / "labs").glob("*.ipynb")}, {p.name for p in MASTERS}
+    assert labs == masters, f"labs without a master: {sorted(labs - masters)}; masters without a lab: " \
+                            f"{sorted(masters - labs)}"
 
 
 @pytest.mark.parametrize("path", notebooks.all_notebooks(), ids=lambda p: p.name)

@@ -15,10 +15,10 @@ import torch
 
 import labkit
 from labkit import data
-from labkit import schedules as S
+from labkit.measure.pipeline import measure
 from labkit.model import GPT, GPTConfig
-from labkit.pipeline_measure import measure
-from labkit.pipeline_parallel import dense_name
+from labkit.pipeline_parallel import schedules as S
+from labkit.pipeline_parallel.simulate import simulate, validate
 from labkit.reference import train_reference
 
 F64 = dict(rtol=1e-12, atol=1e-12)  # float64: only the order of additions differs
@@ -78,16 +78,16 @@ def measured(request):
 
 def test_stage_gradients_equal_dense(measured):
     sched, layers, run = measured
-    p, v, m = S.validate(sched)
+    p, v, m = validate(sched)
     loss, ref = dense_grads(layers, m)
     assert run.losses[0] == pytest.approx(loss, rel=1e-12)
     seen = set()
     for rank_grads in run.grads:
         for name, grad in rank_grads.items():
-            torch.testing.assert_close(grad, ref[dense_name(name)], **F64, msg=name)
-            seen.add(dense_name(name))
+            torch.testing.assert_close(grad, ref[name], **F64, msg=name)
+            seen.add(name)
     assert seen == set(ref)  # every parameter lives on some stage
-    tied = [g for rg in run.grads for n, g in rg.items() if dense_name(n).startswith("embedding.word")]
+    tied = [g for rg in run.grads for n, g in rg.items() if n.startswith("embedding.word")]
     assert len(tied) == 2  # first-stage embeddings and last-stage copy, both all-reduced
 
 
@@ -101,9 +101,9 @@ def test_events_follow_the_schedule(measured):
 
 def test_activation_memory_follows_the_schedule(measured):
     sched, _, run = measured
-    sim = S.simulate(sched)
+    sim = simulate(sched)
     assert run.peak_in_flight == sim.peak_in_flight
-    p, v, m = S.validate(sched)
+    p, v, m = validate(sched)
     if v == 1:  # every microbatch saves the same bytes on a rank: peak = in-flight x that
         for r in range(p):
             assert run.peak_activation_bytes[r] == sim.peak_in_flight[r] * run.activation_bytes[r][0]
@@ -111,7 +111,7 @@ def test_activation_memory_follows_the_schedule(measured):
 
 def test_p2p_bytes_are_the_schedules_messages(measured):
     sched, _, run = measured
-    p, v, m = S.validate(sched)
+    p, v, m = validate(sched)
     act = 2 * 16 * 32 * 8  # [b, s, h] float64, the same for activations and their gradients
     for r in range(p):
         stages = [c * p + r for c in range(v)]
@@ -120,18 +120,18 @@ def test_p2p_bytes_are_the_schedules_messages(measured):
 
 
 def test_gpipe_holds_m_and_1f1b_at_most_p():
-    g, o = (S.simulate(s).peak_in_flight for s in (S.gpipe(4, 8), S.one_f_one_b(4, 8)))
+    g, o = (simulate(s).peak_in_flight for s in (S.gpipe(4, 8), S.one_f_one_b(4, 8)))
     assert g == [8] * 4 and o == [4, 3, 2, 1]
 
 
 # --- bad input: ValueError before any process starts ----------------------------------------
 @pytest.mark.parametrize("world,kw,err", [
-    (2, dict(pipeline_model_parallel_size=4), "larger than the world size 2"),
-    (2, dict(pipeline_model_parallel_size=2, num_layers=3), "num_layers 3 is not divisible"),
+    (2, dict(pipeline_model_parallel_size=4), r"world_size divisible by TP\*PP\*CP; 2 is not divisible"),
+    (2, dict(pipeline_model_parallel_size=2, num_layers=3), "num_layers divisible by PP; 3 % 2"),
     (2, dict(pipeline_model_parallel_size=2, num_layers=4, num_layers_per_virtual_pipeline_stage=3),
-     "not divisible by num_layers_per_virtual_pipeline_stage 3"),
+     "layers per virtual stage; 2 % 3"),
     (2, dict(pipeline_model_parallel_size=2, num_layers=4, num_layers_per_virtual_pipeline_stage=1,
-             micro_batch_size=2, global_batch_size=6), "microbatches 3 .* multiple of"),
+             micro_batch_size=2, global_batch_size=6), "num_microbatches divisible by PP; 3 % 2"),
 ])
 def test_bad_pipeline_config_raises_before_launch(world, kw, err, monkeypatch):
     import labkit.launcher

@@ -1,4 +1,4 @@
-"""Tier 1 (no processes): pipeline schedules as data - labkit.schedules, schedule_sim, schedule_plot.
+"""Tier 1 (no processes): pipeline schedules as data - labkit.pipeline_parallel.schedules, .simulate, .plot.
 
 What must hold (chapters "Pipeline parallelism", "Interleaved pipeline"):
 * validate() passes for GPipe, 1F1B, interleaved and ZB-H1 over a grid of (p, v, m);
@@ -11,9 +11,11 @@ import itertools
 
 import pytest
 
-from labkit import schedules as S
-from labkit.schedule_sim import peak_in_flight, simulate, validate
-from labkit.schedules import Action
+from labkit.config import TrainConfig
+from labkit.pipeline_parallel import schedules as S
+from labkit.pipeline_parallel.plot import render
+from labkit.pipeline_parallel.schedules import Action
+from labkit.pipeline_parallel.simulate import peak_in_flight, simulate, validate
 
 GRID_PM = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 8, 16)]
 GRID_PVM = [(p, v, m) for p in (1, 2, 3, 4, 8) for v in (1, 2, 3, 4) for m in (p, 2 * p, 4 * p)]
@@ -139,23 +141,28 @@ def test_bad_sizes_raise():
 
 
 @pytest.mark.parametrize("layers,pp,per,err", [
-    (6, 4, None, "num_layers 6 is not divisible by pipeline_model_parallel_size 4"),
-    (8, 2, 3, "layers per pipeline rank 4 .* not divisible by num_layers_per_virtual_pipeline_stage 3"),
+    (6, 4, None, "num_layers"),
+    (8, 2, 3, "layers per virtual stage; 4 % 3"),
 ])
 def test_layout_rules(layers, pp, per, err):
+    """The pipeline layout rules live in the one rule book (labkit.calc.config via labkit.config)."""
+    cfg = TrainConfig(num_layers=layers, pipeline_model_parallel_size=pp, micro_batch_size=1,
+                      global_batch_size=2 * pp, num_layers_per_virtual_pipeline_stage=per)
     with pytest.raises(ValueError, match=err):
-        S.virtual_chunks(layers, pp, per)
+        cfg.validate(pp)
 
 
 def test_layout_counts():
-    assert S.virtual_chunks(8, 2) == 1 and S.virtual_chunks(8, 2, 2) == 2 and S.virtual_chunks(8, 2, 1) == 4
+    v = [TrainConfig(num_layers=8, pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=k)
+         .virtual_pipeline_size() for k in (None, 2, 1)]
+    assert v == [1, 2, 4]
 
 
 def test_render_draws_one_box_per_action():
     import matplotlib
     matplotlib.use("Agg")
     sim = simulate(S.interleaved(2, 2, 4))
-    fig = S.render(sim, title="interleaved")
+    fig = render(sim, title="interleaved")
     boxes = sum(len(c.get_paths()) for c in fig.axes[0].collections)
     assert boxes == sum(len(a) for a in S.interleaved(2, 2, 4))
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]

@@ -1,4 +1,4 @@
-"""Sequence parallelism (labkit/sequence_parallel.py, the SP paths of labkit/tensor_parallel.py).
+"""Sequence parallelism (labkit/tensor_parallel/sequence_parallel.py and the SP paths of the TP plan).
 
 Chapter "Sequence parallelism" (Korthikanti et al. 2022). Parity with the dense layer in float64
 (atol 1e-12, rtol 1e-10), the bytes of the all-gathers and reduce-scatters against
@@ -16,11 +16,11 @@ import labkit
 from labkit.calc import comm as calc_comm
 from labkit.calc.comm import tp_layer_bytes
 from labkit.calc.memory import activation_bytes_per_layer
-from labkit.check.tensor_parallel import block_parity
+from labkit.config import TrainConfig
+from labkit.measure.activations import korthikanti_gaps, labkit_layer_activation_bytes
+from labkit.measure.tensor_parallel import block_parity
 from labkit.reference import train_reference
-from labkit.sequence_parallel import (korthikanti_gaps, labkit_layer_activation_bytes,
-                                      mark_sequence_parallel, sequence_range)
-from labkit.training import TrainConfig
+from labkit.tensor_parallel.sequence_parallel import mark_sequence_parallel, sequence_range
 
 F64 = dict(atol=1e-12, rtol=1e-10)
 S, B, H, A = 16, 2, 32, 4
@@ -69,7 +69,7 @@ def test_itemized_gaps_account_exactly_for_korthikanti(tp, sp):
         assert ours + gaps == pytest.approx(activation_bytes_per_layer(s, b, h, a, tp, sp), rel=1e-12)
 
 
-def test_sp_saves_less_than_tp_and_the_difference_matches_seed_003():
+def test_sp_saves_less_than_tp_and_the_difference_matches_the_h200_measurement():
     # measured on 2xH200 (data/h200x2_gpt2large_strategies.csv): TP2 85969 MiB, TP2+SP 71571 MiB
     s, b, h, a, layers = 1024, 64, 1280, 20, 36
     saved = layers * (activation_bytes_per_layer(s, b, h, a, 2) - activation_bytes_per_layer(s, b, h, a, 2, True))
@@ -80,7 +80,7 @@ def test_sequence_range_and_rule():
     assert [sequence_range(16, r, 4) for r in range(4)] == [(0, 4), (4, 8), (8, 12), (12, 16)]
     with pytest.raises(ValueError, match="seq_length 30 is not divisible by tensor_model_parallel_size 4"):
         sequence_range(30, 0, 4)
-    with pytest.raises(ValueError, match="seq_length 30 is not divisible by tensor_model_parallel_size 4"):
+    with pytest.raises(ValueError, match="= 30 is not divisible by tensor_model_parallel_size 4"):
         TrainConfig(seq_length=30, tensor_model_parallel_size=4, sequence_parallel=True).validate(4)
 
 
@@ -100,7 +100,8 @@ TRAIN = dict(micro_batch_size=2, global_batch_size=4, hidden_size=32, seq_length
 def test_sp_train_losses_equal_single_device_over_5_steps(tp, world_size):
     result = labkit.train(world_size=world_size, steps=5, seed=0, log_interval=0,
                           tensor_model_parallel_size=tp, sequence_parallel=True, **TRAIN)
-    reference = train_reference(steps=5, seed=0, tp_vocab_padding=tp, **TRAIN)
+    reference = train_reference(world_size=world_size, steps=5, seed=0, tensor_model_parallel_size=tp,
+                                sequence_parallel=True, **TRAIN)
     assert_close(torch.tensor(result.losses), torch.tensor(reference), atol=5e-6, rtol=0)
     assert "reduce_scatter" in result.ranks[0]["comm"]["tp"]   # SP really ran
 

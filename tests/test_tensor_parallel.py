@@ -1,4 +1,4 @@
-"""Tensor parallelism (labkit/tensor_parallel.py): parity with the dense model, bytes, activations.
+"""Tensor parallelism (labkit/tensor_parallel/): parity with the dense model, bytes, activations, RNG.
 
 Chapter "Tensor parallelism". Tier 2 (gloo ranks). Parity is against labkit.model's dense layer or
 GPT (an independent code path: no comm, no slicing) and, for training, against
@@ -16,11 +16,11 @@ from torch.testing import assert_close
 
 import labkit
 from labkit.calc.comm import tp_layer_bytes
-from labkit.check.tensor_parallel import block_parity
+from labkit.config import TrainConfig
 from labkit.groups import Group
+from labkit.measure.activations import labkit_layer_activation_bytes
+from labkit.measure.tensor_parallel import block_parity
 from labkit.reference import train_reference
-from labkit.sequence_parallel import labkit_layer_activation_bytes
-from labkit.training import TrainConfig
 
 F64 = dict(atol=1e-12, rtol=1e-10)
 S, B, H, A = 16, 2, 32, 4  # block_parity's defaults: seq, micro batch, hidden, heads
@@ -68,13 +68,13 @@ def test_saved_activations_shrink_with_tp_but_not_below_the_replicated_part(bloc
 
 # ----------------------------------------------------------------------------------------------
 def _gpt_worker(sp: bool, tied: bool):
-    """Whole TensorParallelGPT vs the dense GPT: loss and every parameter gradient, float64."""
+    """The whole GPT cut by the TP plan vs the dense GPT: loss and every parameter gradient, float64."""
     import copy
 
+    from labkit import comm
     from labkit.groups import world_group
     from labkit.model import GPT, GPTConfig
-    from labkit.parallelize import all_reduce_sequence_parallel_grads
-    from labkit.tensor_parallel import apply_tensor_parallel
+    from labkit.tensor_parallel.plan import apply_tensor_parallel
 
     group = world_group()
     t, r = group.size, group.rank
@@ -88,13 +88,16 @@ def _gpt_worker(sp: bool, tied: bool):
     loss_d, loss_t = dense.loss(tokens, labels), cut.loss(tokens, labels)
     loss_d.backward()
     loss_t.backward()
-    all_reduce_sequence_parallel_grads(cut, group)
+    for p in cut.parameters():              # what the Engine does after the backward
+        if getattr(p, "sequence_parallel", False):
+            p.grad.copy_(comm.all_reduce(group, p.grad))
     dense_grads = {n: p.grad for n, p in dense.named_parameters()}
     out = {"loss": (loss_t.detach(), loss_d.detach())}
     for name, p in cut.named_parameters():
         g = dense_grads[name]  # the cut model keeps the dense names
         if getattr(p, "tensor_model_parallel", False):
             dim = 1 if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else 0
+            assert p.partition_dim == dim, name
             g = g.chunk(t, dim=dim)[r]
         out[name] = (p.grad.detach(), g)
     return out
@@ -117,7 +120,7 @@ TRAIN = dict(micro_batch_size=2, global_batch_size=4, hidden_size=32, seq_length
 def test_train_losses_equal_single_device_over_5_steps(tp, world_size):
     result = labkit.train(world_size=world_size, steps=5, seed=0, log_interval=0,
                           tensor_model_parallel_size=tp, **TRAIN)
-    reference = train_reference(steps=5, seed=0, tp_vocab_padding=tp, **TRAIN)
+    reference = train_reference(world_size=world_size, steps=5, seed=0, tensor_model_parallel_size=tp, **TRAIN)
     assert_close(torch.tensor(result.losses), torch.tensor(reference), atol=5e-6, rtol=0)
     assert {tuple(sorted(r["coords"].items())) for r in result.ranks} == {
         tuple(sorted(labkit.Topology(world_size, tp=tp).coords(q).items())) for q in range(world_size)}
@@ -126,28 +129,29 @@ def test_train_losses_equal_single_device_over_5_steps(tp, world_size):
 def test_heads_not_divisible_by_tp_is_a_value_error_naming_the_numbers():
     xl = dict(num_layers=2, hidden_size=1600, num_attention_heads=25, seq_length=32)  # GPT-2 XL's heads
     for tp in (2, 4):
-        with pytest.raises(ValueError, match=rf"num_attention_heads 25 .*tensor_model_parallel_size {tp}"):
+        with pytest.raises(ValueError, match=rf"num_attention_heads divisible by TP; 25 % {tp} != 0"):
             TrainConfig(tensor_model_parallel_size=tp, **xl).validate(tp)
-        with pytest.raises(ValueError, match="num_attention_heads 25"):
+        with pytest.raises(ValueError, match="num_attention_heads divisible by TP; 25"):
             labkit.train(world_size=tp, steps=1, tensor_model_parallel_size=tp, **xl)
     TrainConfig(tensor_model_parallel_size=5, **xl).validate(5)  # 25 heads divide by 5: allowed
 
 
 def test_apply_tensor_parallel_rejects_bad_shapes_before_any_communication():
     from labkit.model import GPT, GPTConfig
-    from labkit.tensor_parallel import ParallelAttention, apply_tensor_parallel
+    from labkit.tensor_parallel.plan import apply_tensor_parallel
     fake = Group("tp", (0, 1, 2), None)  # size 3; never communicates: the checks come first
     model = GPT(GPTConfig(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=8))
     with pytest.raises(ValueError, match="num_attention_heads 4 is not divisible by tensor_model_parallel_size 3"):
         apply_tensor_parallel(model, fake)
-    with pytest.raises(ValueError, match="num_attention_heads 4 is not divisible"):
-        ParallelAttention.from_dense(model.decoder.layers[0].self_attention, fake)
 
 
-def test_dropout_with_tp_is_refused_until_rng_states_exist():
-    with pytest.raises(ValueError, match="dropout .*tensor_model_parallel_size 2"):
-        TrainConfig(tensor_model_parallel_size=2, hidden_dropout=0.1).validate(2)
-    TrainConfig(tensor_model_parallel_size=1, hidden_dropout=0.1).validate(1)  # no TP: allowed
+def test_plan_is_data_and_names_the_operators():
+    from labkit.tensor_parallel.plan import describe, tp_plan
+    plain, sp = describe(tp_plan(False)), describe(tp_plan(True))
+    assert plain.keys() == sp.keys()
+    assert plain["decoder.layers.*.mlp.linear_fc1"].startswith("f -> column")
+    assert sp["decoder.layers.*.mlp.linear_fc1"].startswith("g (all-gather seq)")
+    assert sp["decoder.layers.*.mlp.linear_fc2"].endswith("g-bar (reduce-scatter seq)")
 
 
 @pytest.mark.gpu(devices=2)
@@ -159,6 +163,7 @@ def test_block_and_training_parity_on_nccl_at_tp_equal_number_of_gpus():
                 assert_close(got, expected, **F64, msg=lambda m: f"nccl tp {n} sp {sp} rank {r} {what}: {m}")
         result = labkit.train(world_size=n, steps=5, backend="nccl", log_interval=0,
                               tensor_model_parallel_size=n, sequence_parallel=sp, **TRAIN)
-        reference = train_reference(steps=5, seed=0, tp_vocab_padding=n, **TRAIN)
+        reference = train_reference(world_size=n, steps=5, seed=0, tensor_model_parallel_size=n,
+                                    sequence_parallel=sp, **TRAIN)
         # float32 on GPU: cuBLAS may split reductions differently from the CPU reference
         assert_close(torch.tensor(result.losses), torch.tensor(reference), atol=1e-4, rtol=0)

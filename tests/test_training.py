@@ -10,7 +10,8 @@ import torch
 
 import labkit
 from labkit.reference import train_reference
-from labkit.training import TrainConfig, format_iteration
+from labkit.config import TrainConfig
+from labkit.training import format_iteration
 
 # fp32: parallel runs sum the same numbers in another order (microbatches, ranks), so losses
 # differ in the last bits; 1e-6 relative is ~8 float32 ulps at loss ~5.5. float64: 1e-12.
@@ -40,10 +41,10 @@ def test_float64_parity_is_exact_to_1e12():
 
 
 @pytest.mark.parametrize("kwargs,msg", [
-    (dict(world_size=4, micro_batch_size=3, global_batch_size=8), "global_batch_size 8 is not divisible by micro_batch_size \\* dp = 3 \\* 4 = 12"),
-    (dict(world_size=4, tensor_model_parallel_size=3), "world_size 4 is not divisible by tp\\*pp\\*cp"),
-    (dict(world_size=2, num_attention_heads=5, hidden_size=60, tensor_model_parallel_size=2), "num_attention_heads 5 is not divisible by tensor_model_parallel_size 2"),
-    (dict(world_size=1, ddp_bucket_size=0), "ddp_bucket_size must be a positive number of elements, got 0"),
+    (dict(world_size=4, micro_batch_size=3, global_batch_size=8), "global_batch_size divisible by micro_batch_size \\* DP; 8 % \\(3 \\* 4\\)"),
+    (dict(world_size=4, tensor_model_parallel_size=3), "world_size divisible by TP\\*PP\\*CP; 4 is not divisible by 3\\*1\\*1"),
+    (dict(world_size=2, num_attention_heads=5, hidden_size=60, tensor_model_parallel_size=2), "num_attention_heads divisible by TP; 5 % 2"),
+    (dict(world_size=1, ddp_bucket_size=0), "ddp_bucket_size must be a positive integer, got 0"),
     (dict(world_size=1, zero_stage=4), "zero_stage must be 0, 1, 2 or 3"),
     (dict(world_size=1, micro_batch_size=0), "micro_batch_size must be a positive integer"),
     (dict(world_size=1, hidden_sizee=64), "unknown configuration \\['hidden_sizee'\\]"),
@@ -91,7 +92,9 @@ def test_command_line_train(tmp_path):
     ref = train_reference(steps=3, micro_batch_size=2, global_batch_size=8)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-6, atol=1e-6)  # printed with 7 digits
     bad = subprocess.run(cmd[:-2] + ["--global-batch-size", "7"], capture_output=True, text=True, timeout=180)
-    assert bad.returncode == 2 and "not divisible" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "global_batch_size divisible by" in bad.stderr and "Traceback" not in bad.stderr
+    zero = subprocess.run(cmd[:4] + ["--world-size", "0"], capture_output=True, text=True, timeout=180)
+    assert zero.returncode == 2 and "world_size must be a positive integer, got 0" in zero.stderr
 
 
 def test_command_line_under_torchrun():

@@ -1,4 +1,4 @@
-"""ZeRO-1/2/3 (labkit/zero.py on labkit/shard_layout.py): parity, bytes and memory.
+"""ZeRO-1/2/3 (labkit/data_parallel/zero.py on shard_layout.py): parity, bytes and memory.
 
 Tier 1 (no processes): the shard layout (ranges, padding = calc's ceil(P/dp) rule, views that
 write through), distinct-storage byte counting, ZeRO-3 refusing to run without its module.
@@ -18,8 +18,8 @@ import torch
 import labkit
 from labkit.calc.comm import dp_step_bytes
 from labkit.calc.memory import zero_memory_per_rank
-from labkit.dp_measure import memory_worker
-from labkit.shard_layout import ShardLayout, storage_bytes
+from labkit.data_parallel.shard_layout import ShardLayout, storage_bytes
+from labkit.measure.dp import memory_worker
 
 import dp_parity
 
@@ -90,9 +90,9 @@ def test_storage_bytes_freed_storage_counts_zero():
 
 
 def test_zero3_needs_module():
+    from labkit.config import TrainConfig
+    from labkit.data_parallel.zero import ZeRO3
     from labkit.groups import Group
-    from labkit.training import TrainConfig
-    from labkit.zero import ZeRO3
     with pytest.raises(ValueError, match="ZeRO-3 needs the module"):
         ZeRO3(list(torch.nn.Linear(2, 2).named_parameters()), Group("dp", (0,), None), TrainConfig())
 

@@ -5,7 +5,7 @@
     tokens per step    = global_batch_size * seq_length
 
 Under pipeline parallelism the microbatches of one step ARE the gradient-accumulation steps
-(seed note 000: "under PP number of micro-batches == gradient accumulation").
+(Megatron-LM ``megatron/core/num_microbatches_calculator.py``: one number serves both).
 """
 from __future__ import annotations
 

@@ -5,76 +5,129 @@
         --global-batch-size 1536 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 \\
         --sequence-parallel --recompute-activations --use-distributed-optimizer
 
-Paste a whole ``pretrain_gpt.py`` command line: flags the estimate does not use are listed and
-ignored. Prints the line Megatron prints ("Theoretical memory footprints: ...") and the FLOPs.
+Paste a whole ``pretrain_gpt.py`` command line: every flag is checked against Megatron-LM's own
+argument list (``megatron_flags.py``, commit d98e8a64). A flag Megatron does not know is an error
+that names the closest real one (``--tensor-model-paralel-size`` -> ``--tensor-model-parallel-size``);
+real flags the estimate does not use are listed and ignored. Prints the line Megatron prints
+("Theoretical memory footprints: ...") and the FLOPs. ``--world-size`` is labkit's (Megatron reads
+the WORLD_SIZE environment variable).
 """
 from __future__ import annotations
 
-import argparse
 import json
+import re
 import sys
 
-from .megatron import DEFAULTS, megatron_estimate
+from .megatron import megatron_estimate
+from .megatron_args import DEPRECATED, FLAGS, NOT_COVERED, unknown_message
+from .megatron_flags import ESTIMATE_DEFAULTS
 
-_BOOL = {k for k, v in DEFAULTS.items() if v is False} | {"group_query_attention"}
-_STR = {"normalization", "recompute_granularity"}
-
-
-def _freq(text):
-    """--moe-layer-freq: an int, or a list expression like ([1]*3+[0])*2 (digits, [],()+* only)."""
-    if all(ch in "0123456789[](),+* " for ch in text) and "[" in text:
-        return list(eval(text, {"__builtins__": {}}))  # noqa: S307 - characters checked above
-    return int(text)
+_STR = {"normalization", "recompute_granularity", "position_embedding_type",
+        "experimental_attention_variant", "hybrid_layer_pattern", "hybrid_override_pattern",
+        "pipeline_model_parallel_layout", "step_batch_size_schedule"}
+GPT2_BPE_VOCAB = 50257  # entries of gpt2-vocab.json, Megatron's GPT2BPETokenizer
 
 
-def estimate_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m labkit estimate",
-                                 description="Megatron-LM's theoretical memory and FLOPs, exactly.")
-    ap.add_argument("--world-size", type=int, required=True, help="GPUs (WORLD_SIZE)")
-    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
-    for name in ("num_layers", "hidden_size", "num_attention_heads"):
-        ap.add_argument("--" + name.replace("_", "-"), dest=name, type=int, required=True)
-    for name, default in DEFAULTS.items():
-        flag = "--" + name.replace("_", "-")
-        if name in _BOOL:
-            ap.add_argument(flag, dest=name, action="store_true", default=None)
-        elif name in _STR:
-            ap.add_argument(flag, dest=name, type=str, default=None)
-        elif name == "moe_layer_freq":
-            ap.add_argument(flag, dest=name, type=_freq, default=None)
+def _freq(text: str):
+    """--moe-layer-freq, as Megatron's moe_freq_type: an int, or a list expression such as
+    ([1]*3+[0])*2 (only digits, commas, brackets, + and *, the characters _eval_pattern allows)."""
+    if "[" not in text:
+        return int(text)
+    if re.search(r"[^,\d\[\]\(\)\+\*]", text):
+        raise ValueError(f"Invalid pattern: {text}")
+    return list(eval(text, {"__builtins__": {}}))  # noqa: S307 - no names can occur
+
+
+def _typed(dest: str, flag: str, raw):
+    if isinstance(raw, list) or dest in _STR:
+        return raw
+    try:
+        return _freq(raw) if dest == "moe_layer_freq" else int(raw)
+    except ValueError as err:
+        why = f" ({err})" if dest == "moe_layer_freq" else ""
+        raise ValueError(f"{flag}: invalid value {raw!r}{why}") from None
+
+
+def parse_flags(argv: list) -> tuple[dict, dict, list]:
+    """Megatron flags -> (arguments the estimate reads, other arguments, ignored flag strings)."""
+    used, other, ignored, i = {}, {}, [], 0
+    while i < len(argv):
+        token = argv[i]
+        if not token.startswith("--"):
+            raise ValueError(f"unexpected value {token!r} (no flag before it takes a value)")
+        name, eq, inline = token[2:].partition("=")
+        if name not in FLAGS:
+            raise ValueError(unknown_message("--" + name, cli=True))
+        dest, kind, stored = FLAGS[name]
+        i += 1
+        if kind == "switch":
+            if eq:
+                raise ValueError(f"--{name} takes no value")
+            value = stored
+        elif eq:
+            value = inline if kind == "value" else inline.split()
+        elif kind == "value":
+            if i == len(argv) or (argv[i].startswith("--")):
+                raise ValueError(f"--{name} expects a value")
+            value, i = argv[i], i + 1
         else:
-            ap.add_argument(flag, dest=name, type=int, default=None)
-    return ap
+            value = []
+            while i < len(argv) and not argv[i].startswith("--"):
+                value, i = value + [argv[i]], i + 1
+        if dest in ESTIMATE_DEFAULTS or dest in NOT_COVERED or dest in DEPRECATED:
+            used[dest] = value if kind == "switch" else _typed(dest, "--" + name, value)
+        else:
+            other[dest] = value
+            ignored.append(token.split("=")[0])
+    return used, other, ignored
+
+
+def _vocabulary(kw: dict, other: dict) -> str | None:
+    """Megatron takes the vocabulary from the tokenizer; the usual pretrain_gpt.py one is GPT-2's."""
+    if "vocab_size" in kw or "padded_vocab_size" in kw:
+        return None
+    kind = other.get("tokenizer_type")
+    if kind == "GPT2BPETokenizer" or (kind is None and "vocab_file" in other):
+        kw["vocab_size"] = GPT2_BPE_VOCAB
+        return f"vocab size {GPT2_BPE_VOCAB} from the GPT-2 BPE tokenizer (--vocab-file)"
+    raise ValueError("the vocabulary size comes from the tokenizer: pass --vocab-size N "
+                     "(GPT-2 BPE: 50257) or Megatron's --vocab-file with GPT2BPETokenizer")
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args, unknown = estimate_parser().parse_known_args(argv)
-    kw = {k: v for k, v in vars(args).items() if v is not None and k not in ("world_size", "json")}
-    kw.setdefault("group_query_attention", False)  # as in Megatron: groups count only with the flag
-    note = None
-    if "vocab_size" not in kw and "padded_vocab_size" not in kw:
-        # Megatron reads the vocabulary from the tokenizer; pretrain_gpt.py's usual one is GPT-2 BPE.
-        gpt2 = any(u.startswith("--vocab-file") or u == "GPT2BPETokenizer" for u in unknown)
-        if gpt2:
-            kw["vocab_size"], note = 50257, "vocab size 50257 from the GPT-2 BPE tokenizer (--vocab-file)"
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    world, as_json, rest, i = None, False, [], 0
+    while i < len(argv):  # labkit's own two options; everything else is Megatron's
+        if argv[i] == "--json":
+            as_json = True
+        elif argv[i] == "--world-size" and i + 1 < len(argv):
+            world, i = argv[i + 1], i + 1
+        elif argv[i].startswith("--world-size="):
+            world = argv[i].partition("=")[2]
         else:
-            print("error: the vocabulary size comes from the tokenizer: pass --vocab-size N "
-                  "(GPT-2 BPE: 50257) or Megatron's --vocab-file", file=sys.stderr)
-            return 2
+            rest.append(argv[i])
+        i += 1
     try:
-        est = megatron_estimate(world_size=args.world_size, **kw)
+        if world is None or not world.isdigit():
+            raise ValueError("--world-size N is required (the number of GPUs, WORLD_SIZE)")
+        kw, other, ignored = parse_flags(rest)
+        note = _vocabulary(kw, other)
+        est = megatron_estimate(world_size=int(world), **kw)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    ignored = [u for u in unknown if u.startswith("--")]
-    if args.json:
-        print(json.dumps({k: v for k, v in est.items() if k != "report"} | {"ignored": ignored}))
+    notes = ([note] if note else []) + est["notes"]
+    if as_json:
+        out = {k: v for k, v in est.items() if k != "report"}
+        print(json.dumps(out | {"ignored": ignored, "notes": notes}))
         return 0
     if ignored:
         print(f"(ignored, not used by the estimate: {' '.join(ignored)})")
-    if note:
-        print(f"({note})")
+    for line in notes:
+        print(f"({line})")
     print(f"data-parallel size: {est['data_parallel_size']}, "
           f"number of microbatches: {est['num_microbatches']}, "
           f"padded vocab size: {est['padded_vocab_size']}")
@@ -86,6 +139,8 @@ def main(argv=None) -> int:
 
 def plan_main(argv=None) -> int:
     """``python -m labkit plan --model gpt3-175b --cluster jean-zay-v100 --nodes 32 --global-batch-size 128``."""
+    import argparse
+
     from .hardware import CLUSTERS, cluster
     from .planner import explain, plan
     from .presets import MODELS, model

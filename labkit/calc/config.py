@@ -117,6 +117,11 @@ class ParallelConfig:
     use_distributed_optimizer: bool = False
     zero_stage: int = 0
     recompute_granularity: str | None = None   # None, "selective" or "full"
+    # uneven pipeline splits (Megatron-LM arguments.py / TransformerConfig; pipeline.pipeline_layer_ranges)
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self):
         for f in ("world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -125,6 +130,8 @@ class ParallelConfig:
         _pos_int("num_layers_per_virtual_pipeline_stage",
                  self.num_layers_per_virtual_pipeline_stage, allow_none=True)
         _pos_int("global_batch_size", self.global_batch_size, allow_none=True)
+        _pos_int("decoder_first_pipeline_num_layers", self.decoder_first_pipeline_num_layers, allow_none=True)
+        _pos_int("decoder_last_pipeline_num_layers", self.decoder_last_pipeline_num_layers, allow_none=True)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.recompute_granularity not in (None, "selective", "full"):
@@ -149,6 +156,13 @@ class ParallelConfig:
     def dp(self) -> int:
         """data_parallel_size = world_size / (TP * PP * CP), as in Megatron's arguments.py."""
         return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def uneven_pipeline(self) -> bool:
+        """True when any of Megatron's four uneven-split arguments is set."""
+        return (self.decoder_first_pipeline_num_layers is not None
+                or self.decoder_last_pipeline_num_layers is not None
+                or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split)
 
     @property
     def gbs(self) -> int:
@@ -190,10 +204,33 @@ PRECISIONS = {"mixed18": MIXED_18, "mixed16": MIXED_16, "fp32": FP32}
 
 
 def virtual_pipeline_size(model: ModelConfig, par: ParallelConfig) -> int:
-    """v = (layers per stage) / (layers per virtual stage); 1 without interleaving."""
+    """v = (layer slots per stage) / (layers per virtual stage); 1 without interleaving.
+
+    Slots: the layers plus one for the embedding / the loss when ``account_for_*`` is set
+    (Megatron arguments.py adds them before dividing by PP)."""
     if par.num_layers_per_virtual_pipeline_stage is None:
         return 1
-    return (model.num_layers // par.pp) // par.num_layers_per_virtual_pipeline_stage
+    slots = (model.num_layers + int(par.account_for_embedding_in_pipeline_split)
+             + int(par.account_for_loss_in_pipeline_split))
+    return (slots // par.pp) // par.num_layers_per_virtual_pipeline_stage
+
+
+def _check_pipeline_split(model: ModelConfig, par: ParallelConfig):
+    """Megatron's rules for splitting the layers over PP (and v) stages, even or uneven."""
+    from .pipeline import pipeline_layer_ranges, uneven_split_hint
+    pp, vl = par.pp, par.num_layers_per_virtual_pipeline_stage
+    if not par.uneven_pipeline:
+        if model.num_layers % pp:
+            raise ValueError(f"rule: num_layers divisible by PP; {model.num_layers} % {pp} != 0"
+                             + uneven_split_hint(model.num_layers, pp))
+        return
+    if (par.decoder_first_pipeline_num_layers or par.decoder_last_pipeline_num_layers) and vl is not None:
+        raise ValueError("rule: with decoder_first/last_pipeline_num_layers give the virtual size with "
+                         "num_virtual_stages_per_pipeline_rank, not num_layers_per_virtual_pipeline_stage "
+                         "(Megatron arguments.py); labkit does not model that combination")
+    pipeline_layer_ranges(model.num_layers, pp, virtual_pipeline_size(model, par) if vl else 1,
+                          par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers,
+                          par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split)
 
 
 def validate(model: ModelConfig, par: ParallelConfig) -> list:
@@ -208,16 +245,17 @@ def validate(model: ModelConfig, par: ParallelConfig) -> list:
         size = getattr(model, name)
         if size is not None and size % tp:
             raise ValueError(f"rule: {name} divisible by TP (column-parallel fc1); {size} % {tp} != 0")
-    if model.num_layers % pp:
-        raise ValueError(f"rule: num_layers divisible by PP; {model.num_layers} % {pp} != 0")
+    _check_pipeline_split(model, par)
     vl = par.num_layers_per_virtual_pipeline_stage
     if vl is not None:
         if pp == 1:
             raise ValueError(f"rule: the interleaved schedule needs PP > 1; "
                              f"num_layers_per_virtual_pipeline_stage={vl} with PP=1")
-        if (model.num_layers // pp) % vl:
+        slots = (model.num_layers + int(par.account_for_embedding_in_pipeline_split)
+                 + int(par.account_for_loss_in_pipeline_split))
+        if (slots // pp) % vl:
             raise ValueError(f"rule: layers per pipeline stage divisible by layers per virtual "
-                             f"stage; {model.num_layers // pp} % {vl} != 0")
+                             f"stage; {slots // pp} % {vl} != 0")
     mb = par.micro_batch_size
     if par.gbs % (mb * dp):
         raise ValueError(f"rule: global_batch_size divisible by micro_batch_size * DP; "

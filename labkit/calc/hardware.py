@@ -1,12 +1,11 @@
 """GPUs and clusters: peak FLOP/s, memory, link bandwidths (chapters "Collectives", "Planning a run").
 
 Peak dense 16-bit tensor-core FLOP/s from NVIDIA's datasheets (V100 SXM2 125 TFLOP/s, A100 312,
-H100 SXM 989, H200 989); the seed notes quote 125 (V100) and 312 (A100). Bandwidths are bytes/s
+H100 SXM 989, H200 989). Bandwidths are bytes/s
 per direction: ``intra_node_bandwidth`` per GPU (NVLink), ``inter_node_bandwidth`` per NODE (all
-its NICs together, shared by its GPUs). Seed notes 000/002: NVIDIA's cluster "300GBps intra-node
-and 800Gbps inter-node", Jean Zay "50GBps intra-node and 400Gbps inter-node" (4x V100-32GB
-nodes). The Narayanan et al. 2021 cluster (Selene) is DGX A100: NVSwitch, 300 GB/s per direction
-per GPU, and eight 200 Gb/s HDR InfiniBand HCAs per node, 1600 Gb/s, twice the notes' figure.
+its NICs together, shared by its GPUs). Jean Zay's V100 nodes: 4x V100-32GB, 50 GB/s intra-node
+and 400 Gb/s inter-node. The Narayanan et al. 2021 cluster (Selene) is DGX A100: NVSwitch, 300 GB/s
+per direction per GPU, and eight 200 Gb/s HDR InfiniBand HCAs per node, 1600 Gb/s.
 """
 from __future__ import annotations
 
@@ -17,9 +16,15 @@ GIB = 1024 ** 3
 
 @dataclass(frozen=True)
 class GPU:
+    """A GPU. ``peak_fp8_flops`` 0 = no FP8 tensor cores; ``sms`` sets the wave size of GEMM tiles."""
+
     name: str
     peak_flops: float          # dense 16-bit tensor-core FLOP/s
     memory_bytes: float
+    hbm_bandwidth: float = 2.0e12   # bytes/s
+    peak_fp8_flops: float = 0.0     # dense FP8 tensor-core FLOP/s
+    sms: int = 108                  # streaming multiprocessors
+    generation: str = ""            # "V100" | "A100" | "H100": selects the fitted GEMM efficiency
 
 
 @dataclass(frozen=True)
@@ -60,19 +65,21 @@ class Cluster:
         return self.inter_node_bandwidth / self.gpus_per_node, self.inter_node_latency
 
 
+# NVIDIA datasheets: V100 SXM2 (900 GB/s HBM2, 80 SMs), A100 80GB SXM (2,039 GB/s, 108 SMs),
+# H100 SXM (3.35 TB/s HBM3, 132 SMs, 1,979 dense FP8 TFLOP/s), H200 (4.8 TB/s HBM3e).
 GPUS = {
-    "V100-32GB": GPU("V100-32GB", 125e12, 32 * GIB),
-    "A100-80GB": GPU("A100-80GB", 312e12, 80 * GIB),
-    "H100-80GB": GPU("H100-80GB", 989e12, 80 * GIB),
-    "H200-141GB": GPU("H200-141GB", 989e12, 141e9),
+    "V100-32GB": GPU("V100-32GB", 125e12, 32 * GIB, 900e9, 0.0, 80, "V100"),
+    "A100-80GB": GPU("A100-80GB", 312e12, 80 * GIB, 2.039e12, 0.0, 108, "A100"),
+    "H100-80GB": GPU("H100-80GB", 989e12, 80 * GIB, 3.35e12, 1979e12, 132, "H100"),
+    "H200-141GB": GPU("H200-141GB", 989e12, 141e9, 4.8e12, 1979e12, 132, "H100"),
 }
 
 CLUSTERS = {
     # Narayanan et al. 2021 (Selene, DGX A100): NVSwitch + 8 x 200 Gb/s HDR per node
     "dgx-a100": Cluster(GPUS["A100-80GB"], 8, 1, 300e9, 8 * 200e9 / 8, name="dgx-a100"),
-    # the seed notes' figures for NVIDIA's cluster: 300 GB/s intra, 800 Gb/s inter
+    # a DGX A100 with half its NICs: 300 GB/s intra, 800 Gb/s inter
     "notes-dgx": Cluster(GPUS["A100-80GB"], 8, 1, 300e9, 800e9 / 8, name="notes-dgx"),
-    # Jean Zay, per the seed notes: 4 x V100-32GB per node, 50 GB/s intra, 400 Gb/s inter
+    # Jean Zay (IDRIS) V100 partition: 4 x V100-32GB per node, 50 GB/s intra, 400 Gb/s inter
     "jean-zay-v100": Cluster(GPUS["V100-32GB"], 4, 1, 50e9, 400e9 / 8, name="jean-zay-v100"),
     # DGX H100 / H200: NVLink 4 (450 GB/s per direction), 8 x 400 Gb/s per node
     "dgx-h100": Cluster(GPUS["H100-80GB"], 8, 1, 450e9, 8 * 400e9 / 8, name="dgx-h100"),

@@ -2,7 +2,7 @@
 
 The models of Narayanan et al. 2021, Table 1 (GPT, seq 2048, vocab 51200, from data/), GPT-3 175B
 (Brown et al. 2020, Table 2.1: 96 layers, d_model 12288, 96 heads), GPT-2 774M/1.5B (Radford et
-al. 2019; seed note 003: 36 x 1280 x 20 and 48 x 1600 x 25, context 1024), Llama-3-style GQA +
+al. 2019, Table 2 and the released checkpoints: 36 x 1280 x 20 and 48 x 1600 x 25, context 1024), Llama-3-style GQA +
 SwiGLU + RMSNorm + RoPE models (Llama 3 8B/70B shapes: 32 x 4096, 32 heads, 8 KV groups, ffn
 14336, vocab 128256; 80 x 8192, 64 heads, 8 groups, ffn 28672) and a Mixtral-8x7B-style MoE
 (32 x 4096, 32 heads, 8 groups, 8 experts, top-2, expert ffn 14336, vocab 32000).

@@ -23,8 +23,8 @@ def _setup(mbs: int):
 
     from .. import data
     from ..groups import world_group
+    from ..config import TrainConfig
     from ..model import GPT
-    from ..training import TrainConfig
     cfg = TrainConfig(micro_batch_size=mbs, global_batch_size=GBS, **MODEL)
     model = GPT(cfg.model_config(), seed=0).to(torch.float64)
     return cfg, model, world_group(), data
@@ -36,7 +36,7 @@ def _microbatches(data, group, it, mbs):
 
 
 def _bucket_worker(student_fn, bucket_size: int):
-    from ..data_parallel import BucketedDataParallel
+    from ..data_parallel.ddp import BucketedDataParallel
     mbs = GBS // 2 // _world()
     cfg, model, group, data = _setup(mbs)
     dp = BucketedDataParallel(list(model.named_parameters()), group, cfg, bucket_size, hook=student_fn)
@@ -59,7 +59,7 @@ def _bucket_worker(student_fn, bucket_size: int):
 
 
 def _zero1_worker(student_fn):
-    from ..zero import ZeRO1
+    from ..data_parallel.zero import ZeRO1
     mbs = GBS // 2 // _world()
     cfg, model, group, data = _setup(mbs)
     dp = ZeRO1(list(model.named_parameters()), group, cfg)
@@ -88,8 +88,9 @@ def _reference():
     from .. import data
     from ..reference import train_reference
     params = [dict(train_reference(steps=k, return_model=True, micro_batch_size=GBS, global_batch_size=GBS,
-                                   **MODEL)[1].named_parameters()) for k in range(STEPS + 1)]
-    model = train_reference(steps=0, return_model=True, micro_batch_size=GBS, global_batch_size=GBS, **MODEL)[1]
+                                   **MODEL)["model"].named_parameters()) for k in range(STEPS + 1)]
+    model = train_reference(steps=0, return_model=True, micro_batch_size=GBS, global_batch_size=GBS,
+                            **MODEL)["model"]
     x, y = data.get_batch(data.load_tokens(), 0, GBS, MODEL["seq_length"], 0)
     model.loss(x, y).backward()
     return params[1:], {n: p.grad for n, p in model.named_parameters()}

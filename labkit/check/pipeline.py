@@ -19,17 +19,17 @@ def _build(student_fn, p, m):
 
 def one_f_one_b(student_fn, sizes=((2, 4), (4, 8), (3, 2), (4, 1)), run_p: int = 2, run_m: int = 4):
     """Validate, simulate and run the student's 1F1B; print one [check] line."""
-    from .. import schedules as S
+    from ..pipeline_parallel.simulate import simulate, validate
     name = "one_f_one_b"
     for p, m in sizes:
         try:
             sched = _build(student_fn, p, m)
-            S.validate(sched)
+            validate(sched)
         except Exception as e:  # noqa: BLE001 - any error is the student's to see
             return report(f"{name} (p={p}, m={m})", False, f"{type(e).__name__}: {e}",
                           "each rank: warm-up of min(p-rank-1, m) forwards, then pairs F, B, "
                           "then the remaining backwards")
-        sim = S.simulate(sched)
+        sim = simulate(sched)
         for r in range(p):
             if sim.peak_in_flight[r] > min(p - r, m):
                 return report(f"{name} (p={p}, m={m})", False,
@@ -46,8 +46,7 @@ def one_f_one_b(student_fn, sizes=((2, 4), (4, 8), (3, 2), (4, 1)), run_p: int =
 def _run(name, sched, sizes):
     """Run ``sched`` on its ranks in float64 and compare gradients with the dense model."""
     from ..launcher import LaunchTimeout, RankFailed
-    from ..pipeline_measure import measure
-    from ..pipeline_parallel import dense_name
+    from ..measure.pipeline import measure
     p, m = len(sched), 1 + max(a.microbatch for a in sched[0])
     try:
         run = measure(sched, hidden_size=32, seq_length=16, micro_batch_size=2, iterations=1,
@@ -58,7 +57,7 @@ def _run(name, sched, sizes):
     ref = _dense_grads(p, m)
     for r, grads in enumerate(run.grads):
         for pname, g in grads.items():
-            problem = describe_mismatch(g, ref[dense_name(pname)], atol=1e-12, rtol=1e-12,
+            problem = describe_mismatch(g, ref[pname], atol=1e-12, rtol=1e-12,
                                         what=f"rank {r} {pname} ")
             if problem:
                 return report(name, False, problem, "each microbatch needs exactly one F and one B")
@@ -79,9 +78,9 @@ def _dense_grads(p, m):
 
 def bubble(prediction: float, schedule, name: str = "bubble") -> object:
     """Compare a predicted bubble fraction with the simulated one (equal costs, B = 2F)."""
-    from .. import schedules as S
-    p, v, m = S.validate(schedule)
-    got = S.simulate(schedule).bubble_fraction
+    from ..pipeline_parallel.simulate import simulate, validate
+    p, v, m = validate(schedule)
+    got = simulate(schedule).bubble_fraction
     if prediction is None:
         return report(name, False, "no prediction given", "replace None by a number")
     if abs(float(prediction) - got) > 1e-3:

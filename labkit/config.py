@@ -1,0 +1,237 @@
+"""Configuration: the model (GPTConfig), the training run (TrainConfig), and every rule and refusal.
+
+Field names are Megatron-LM's arguments (``--tensor-model-parallel-size`` ->
+``tensor_model_parallel_size``). Pure Python (no torch): a layout is checked before any process
+starts, and the same checks run in the browser's calculators.
+
+Two kinds of rule, one home each:
+
+* Megatron's own start-up rules (heads divisible by TP, layers by PP, the global batch rule, ...)
+  live in ``labkit.calc.config.validate``: the calculators, the static page, the Megatron estimate
+  and ``labkit.train`` all call that one function. :func:`check` builds the calculator's view of a
+  TrainConfig and calls it first, so the messages are the same everywhere.
+* What labkit itself refuses (a layout Megatron runs but labkit does not implement, or a labkit-only
+  option used wrongly) is listed in :func:`check`, below, each with its reason. Lifting a refusal
+  is deleting its lines here and adding a parity test against ``labkit.reference``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+from .calc import config as megatron_rules
+from .topology import Topology
+
+BYTE_VOCAB_SIZE = 256  # labkit.data.ByteTokenizer: UTF-8 bytes
+
+
+def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, tp: int = 1) -> int:
+    """Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by * tp`` so each
+    tensor-parallel rank holds an equal slice of the embedding (``_vocab_size_with_padding``)."""
+    multiple = make_vocab_size_divisible_by * tp
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The dense model (``labkit.model.GPT``). ``vocab_size`` is already padded."""
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    seq_length: int = 64
+    vocab_size: int = 256
+    ffn_hidden_size: int | None = None  # None -> 4 * hidden_size
+    init_method_std: float = 0.02
+    layernorm_epsilon: float = 1e-5
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    untie_embeddings_and_output_weights: bool = False
+
+    def __post_init__(self):
+        if self.ffn_hidden_size is None:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        megatron_rules.ModelConfig(  # the rule book checks sizes and hidden % heads
+            num_layers=self.num_layers, hidden_size=self.hidden_size, seq_length=self.seq_length,
+            num_attention_heads=self.num_attention_heads, vocab_size=self.vocab_size,
+            ffn_hidden_size=self.ffn_hidden_size, make_vocab_size_divisible_by=1)
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def num_parameters(self) -> int:
+        h, f, v, s, L = (self.hidden_size, self.ffn_hidden_size, self.vocab_size, self.seq_length,
+                         self.num_layers)
+        per_layer = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+        out = v * h if self.untie_embeddings_and_output_weights else 0
+        return v * h + s * h + L * per_layer + 2 * h + out
+
+
+# GPT-2 sizes (vocab 50257 padded to 50304, a multiple of 128, as Megatron does)
+PRESETS = {
+    "tiny": GPTConfig(),
+    "gpt2": GPTConfig(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=1024, vocab_size=50304),
+    "gpt2-medium": GPTConfig(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024,
+                             vocab_size=50304),
+    "gpt2-large": GPTConfig(num_layers=36, hidden_size=1280, num_attention_heads=20, seq_length=1024, vocab_size=50304),
+    "gpt2-xl": GPTConfig(num_layers=48, hidden_size=1600, num_attention_heads=25, seq_length=1024, vocab_size=50304),
+}
+PRESETS["124m"], PRESETS["355m"] = PRESETS["gpt2"], PRESETS["gpt2-medium"]
+PRESETS["774m"], PRESETS["1.5b"] = PRESETS["gpt2-large"], PRESETS["gpt2-xl"]
+
+
+def preset(name: str, **overrides) -> GPTConfig:
+    """A named config ("tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"), fields overridden."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return replace(PRESETS[name], **overrides)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run of ``labkit.train`` (and ``labkit.reference``), Megatron's names."""
+
+    # model (vocabulary: the byte tokenizer's 256, padded as Megatron pads)
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    seq_length: int = 64
+    ffn_hidden_size: int | None = None
+    make_vocab_size_divisible_by: int = 128
+    untie_embeddings_and_output_weights: bool = False
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    params_dtype: str = "float32"  # "float64" for exact parity tests on CPU
+    # batch
+    micro_batch_size: int = 2
+    global_batch_size: int | None = None   # None: micro_batch_size * dp (no accumulation)
+    # optimizer (AdamW, constant learning rate)
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 0.0  # Megatron's default is 1.0; 0 turns clipping off
+    # parallelism
+    tensor_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    pipeline_model_parallel_size: int = 1
+    num_layers_per_virtual_pipeline_stage: int | None = None
+    context_parallel_size: int = 1
+    use_distributed_optimizer: bool = False
+    zero_stage: int = 0
+    ddp_bucket_size: int | None = None  # None: all-reduce after backward; else bucket size (elements)
+
+    # -- derived ------------------------------------------------------------------------------
+    def topology(self, world_size: int) -> Topology:
+        return Topology(world_size, tp=self.tensor_model_parallel_size,
+                        pp=self.pipeline_model_parallel_size, cp=self.context_parallel_size)
+
+    def validate(self, world_size: int) -> Topology:
+        """Every rule for this world size (see :func:`check`); returns the Topology."""
+        return check(self, world_size)
+
+    def global_batch(self, topo: Topology) -> int:
+        return self.global_batch_size or self.micro_batch_size * topo.dp
+
+    def num_microbatches(self, topo: Topology) -> int:
+        return self.global_batch(topo) // (self.micro_batch_size * topo.dp)
+
+    @property
+    def effective_zero_stage(self) -> int:
+        """The ZeRO stage in use: Megatron's distributed optimizer is stage 1."""
+        return self.zero_stage or (1 if self.use_distributed_optimizer else 0)
+
+    def virtual_pipeline_size(self) -> int:
+        """v: model chunks per pipeline rank (1 without interleaving)."""
+        if self.num_layers_per_virtual_pipeline_stage is None:
+            return 1
+        per_rank = self.num_layers // self.pipeline_model_parallel_size
+        return per_rank // self.num_layers_per_virtual_pipeline_stage
+
+    def stage_layers(self, stage: int) -> range:
+        """Layers of virtual pipeline stage ``stage`` (of pp * v): an even, contiguous split."""
+        num_stages = self.pipeline_model_parallel_size * self.virtual_pipeline_size()
+        n = self.num_layers // num_stages
+        return range(stage * n, (stage + 1) * n)
+
+    def model_config(self, tp: int | None = None) -> GPTConfig:
+        tp = self.tensor_model_parallel_size if tp is None else tp
+        return GPTConfig(num_layers=self.num_layers, hidden_size=self.hidden_size,
+                         num_attention_heads=self.num_attention_heads, seq_length=self.seq_length,
+                         ffn_hidden_size=self.ffn_hidden_size,
+                         vocab_size=padded_vocab_size(BYTE_VOCAB_SIZE, self.make_vocab_size_divisible_by, tp),
+                         hidden_dropout=self.hidden_dropout, attention_dropout=self.attention_dropout,
+                         untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights)
+
+    def megatron_view(self, world_size: int):
+        """(ModelConfig, ParallelConfig) of ``labkit.calc`` for this run: what the rule book and
+        the calculators see (the byte tokenizer's vocabulary, fp32 in the labs)."""
+        model = megatron_rules.ModelConfig(
+            num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads, seq_length=self.seq_length,
+            vocab_size=BYTE_VOCAB_SIZE, ffn_hidden_size=self.ffn_hidden_size,
+            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+            untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights)
+        par = megatron_rules.ParallelConfig(
+            world_size=world_size, tensor_model_parallel_size=self.tensor_model_parallel_size,
+            pipeline_model_parallel_size=self.pipeline_model_parallel_size,
+            num_layers_per_virtual_pipeline_stage=self.num_layers_per_virtual_pipeline_stage,
+            context_parallel_size=self.context_parallel_size, sequence_parallel=self.sequence_parallel,
+            micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
+            use_distributed_optimizer=self.use_distributed_optimizer, zero_stage=self.zero_stage)
+        return model, par
+
+
+def _positive(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check(cfg: TrainConfig, world_size: int) -> Topology:
+    """Megatron's rules (``labkit.calc.config.validate``), then labkit's refusals; returns the
+    Topology. Raises ValueError naming the rule and the numbers."""
+    _positive("world_size", world_size)
+    model, par = cfg.megatron_view(world_size)   # sizes positive, world divisible by tp*pp*cp
+    megatron_rules.validate(model, par)          # Megatron's start-up rules, in one place
+    cfg.model_config()                           # dropout in [0, 1)
+    topo = cfg.topology(world_size)
+    tp, pp, cp = topo.tp, topo.pp, topo.cp
+    # -- labkit's refusals and labkit-only options ----------------------------------------------
+    if cfg.params_dtype not in ("float32", "float64"):
+        raise ValueError(f"params_dtype must be 'float32' or 'float64', got {cfg.params_dtype!r}")
+    if cfg.zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {cfg.zero_stage!r}")
+    _positive("ddp_bucket_size", cfg.ddp_bucket_size, allow_none=True)
+    zero = cfg.effective_zero_stage
+    if zero and cfg.ddp_bucket_size is not None:
+        raise ValueError(f"ddp_bucket_size {cfg.ddp_bucket_size} applies to zero_stage 0 only: labkit's "
+                         f"ZeRO stages communicate whole flat buffers")
+    if zero >= 2 and pp > 1:
+        # DeepSpeed asserts the same ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
+        # parallelism"), and Megatron refuses --use-torch-fsdp2 with PP: every microbatch would
+        # reduce-scatter the gradients (and ZeRO-3 gather the weights twice), m times per step.
+        raise ValueError(f"zero_stage {zero} with pipeline_model_parallel_size {pp}: gradients (and "
+                         f"under ZeRO-3 weights) would move once per microbatch, m times per step; "
+                         f"use zero_stage 1 (the distributed optimizer) with pipelines, as Megatron does")
+    if cfg.sequence_parallel and tp > 1 and (cfg.seq_length // cp) % tp:
+        raise ValueError(f"seq_length {cfg.seq_length} / context_parallel_size {cp} = "
+                         f"{cfg.seq_length // cp} is not divisible by tensor_model_parallel_size {tp}: "
+                         f"sequence parallelism gives each TP rank s/t positions")
+    if cp > 1:
+        raise ValueError(f"context_parallel_size {cp}: context parallelism is not in labkit.train yet")
+    return topo
+
+
+def train_config(**config) -> TrainConfig:
+    """A TrainConfig from keyword arguments; an unknown name is a ValueError naming it."""
+    unknown = set(config) - {f.name for f in fields(TrainConfig)}
+    if unknown:
+        raise ValueError(f"unknown configuration {sorted(unknown)}; see labkit.config.TrainConfig")
+    return TrainConfig(**config)

@@ -1,0 +1,1 @@
+"""Context parallelism (chapter "Context parallelism"): not in labkit yet."""

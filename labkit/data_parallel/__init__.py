@@ -1,0 +1,8 @@
+"""Data parallelism and ZeRO (chapter "Data parallelism").
+
+    ddp.py           naive and bucketed DDP (all-reduce), gradient accumulation
+    shard_layout.py  one flat buffer cut into dp shards (pure layout arithmetic)
+    zero.py          ZeRO-1 (Megatron's distributed optimizer), ZeRO-2, ZeRO-3 (FSDP)
+    wrap.py          wrap_data_parallel: the parameters a rank holds, bucketed by the group that
+                     averages them, under one interface for the Engine
+"""

@@ -1,0 +1,98 @@
+"""Data parallelism over what a rank holds: the last step of ``labkit.parallelize``.
+
+Chapter "Data parallelism". After the pipeline split and the TP/CP/EP plans, each rank holds some
+parameters (its model chunks, cut). They are averaged over the ranks that hold the same values:
+dp, or dp x cp under context parallelism (``groups.grad_reduce_group``). They are bucketed by
+role first: the tied word embedding held by the first and the last pipeline stage gets a bucket
+of its own, so that under ZeRO both stages shard it the same way and its gradient shards can be
+summed over the embedding group element by element (Megatron-LM's
+``_does_param_require_new_bucket`` in ``distributed/param_and_grad_buffer.py``).
+
+:class:`DataParallelSet` runs one DP object per bucket behind the one interface (ddp.py).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..groups import Group, grad_reduce_group
+from .ddp import BucketedDataParallel, NaiveDataParallel
+from .zero import ZERO_STAGES
+
+
+class DataParallelSet:
+    """Several DP objects (one per bucket) used as one; see the interface in ddp.py."""
+
+    def __init__(self, members: list):
+        self.members = members
+        self.grads_sharded = any(m.grads_sharded for m in members)
+        self.zero_stage = getattr(members[0], "zero_stage", 0)
+
+    @contextlib.contextmanager
+    def grad_sync_context(self, is_last_microbatch: bool):
+        with contextlib.ExitStack() as stack:
+            for m in self.members:
+                stack.enter_context(m.grad_sync_context(is_last_microbatch))
+            yield
+
+    def finish_grad_sync(self) -> None:
+        for m in self.members:
+            m.finish_grad_sync()
+
+    def all_reduce_grads(self, predicate, group: Group) -> None:
+        for m in self.members:
+            m.all_reduce_grads(predicate, group)
+
+    def grad_sq_sum(self, owns) -> torch.Tensor:
+        return sum(m.grad_sq_sum(owns) for m in self.members)
+
+    def scale_grads(self, coef: float) -> None:
+        for m in self.members:
+            m.scale_grads(coef)
+
+    def step(self) -> None:
+        for m in self.members:
+            m.step()
+
+    @property
+    def memory(self) -> dict | None:
+        """Bytes held at the last gradient sync, {"params", "grads", "optimizer"}, all buckets."""
+        parts = [m.memory for m in self.members]
+        return None if any(p is None for p in parts) else {k: sum(p[k] for p in parts) for k in parts[0]}
+
+    def held_bytes(self) -> dict:
+        parts = [m.held_bytes() for m in self.members]
+        return {k: sum(p[k] for p in parts) for k in parts[0]}
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: t for m in self.members for n, t in m.full_parameters().items()}
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return {n: t for m in self.members for n, t in m.full_grads().items()}
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for m in self.members for p in m.params)
+
+
+def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg) -> DataParallelSet:
+    """The DP implementation the config asks for, over every parameter of this rank's ``chunks``.
+
+    ``zero_stage`` 1-3 (or ``use_distributed_optimizer``, stage 1) -> zero.py; else
+    ``ddp_bucket_size`` -> BucketedDataParallel; else NaiveDataParallel.
+    """
+    group = grad_reduce_group(groups)
+    named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
+    buckets = [[(n, p) for n, p in named if getattr(p, "shared_embedding", False)],
+               [(n, p) for n, p in named if not getattr(p, "shared_embedding", False)]]
+    stage = cfg.effective_zero_stage
+    members = []
+    for bucket in filter(None, buckets):
+        if stage:
+            members.append(ZERO_STAGES[stage](bucket, group, cfg, chunks[0] if stage == 3 else None))
+        elif cfg.ddp_bucket_size is not None:
+            members.append(BucketedDataParallel(bucket, group, cfg, cfg.ddp_bucket_size))
+        else:
+            members.append(NaiveDataParallel(bucket, group, cfg))
+    return DataParallelSet(members)

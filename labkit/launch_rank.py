@@ -1,0 +1,168 @@
+"""The rank side of :mod:`labkit.launcher`: what a rank sets up before ``fn`` runs, and after.
+
+Everything here runs inside one rank, spawned by ``launch`` or started by ``torchrun``:
+
+* **Environment.** A spawned rank is forked from a forkserver started at the first launch; its
+  inherited environment is the one of that moment. :func:`rank_env` builds the rank's environment
+  from the caller's environment *at this launch* (so ``CUDA_VISIBLE_DEVICES``, ``NCCL_DEBUG`` and
+  friends set later reach the ranks), plus the variables ``torchrun`` would set.
+* **Device.** One place decides it (:func:`start`): ``cuda:LOCAL_RANK`` for a backend with NCCL in
+  it (``"nccl"`` or ``"cpu:gloo,cuda:nccl"``), else the CPU. ``launcher.device()`` returns it.
+* **Process group.** Under NCCL ``device_id`` is passed to ``init_process_group`` (the communicator
+  is created at once, bound to this rank's GPU, instead of guessed at the first collective), and the
+  group's ``timeout`` is the *collective* timeout (NCCL's watchdog), not the launch's wall clock.
+  :func:`finish` destroys every group (``destroy_process_group()`` with no argument destroys the
+  default group and all subgroups) before the rank reports success.
+* **TF32 off.** The parity tests compare fp32 results to 1e-6; TF32 matmuls (10-bit mantissa) miss
+  that by far. cuDNN allows TF32 by default, and NGC PyTorch containers set
+  ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, which turns the matmul default on (PyTorch, "CUDA
+  semantics", TensorFloat-32; MONAI docs/source/precision_accelerating.md). So every rank sets
+  ``torch.backends.cuda.matmul.allow_tf32 = False`` and ``torch.backends.cudnn.allow_tf32 = False``
+  explicitly, and sees the override variable as 0, unless the caller opts in
+  (``launch(..., allow_tf32=True)``: faster fp32 matmuls, looser parity).
+* **Results.** :func:`to_cpu` moves tensors to the CPU before they leave the rank, so the caller
+  never receives CUDA tensors (which it could not mix with its own CPU tensors).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import os
+import sys
+import traceback
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+
+class _RankState:
+    """Per-process facts of the rank this process is (None outside any rank)."""
+    channel = None   # (queue, rank) in a spawned rank: send_to_parent streams to the caller
+    device = None    # torch.device decided by start()
+    backend = None   # the backend string this rank's default group was created with
+
+
+state = _RankState()
+
+
+def uses_cuda(backend: str) -> bool:
+    """True for "nccl" and mixed strings such as "cpu:gloo,cuda:nccl"."""
+    return "nccl" in backend
+
+
+def rank_env(caller_env, rank: int, world_size: int, port: int, allow_tf32: bool = False) -> dict:
+    """The environment of spawned rank ``rank``: the caller's, now, plus torchrun's variables."""
+    env = dict(caller_env)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")   # ranks talk over loopback
+    if not allow_tf32:
+        env["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "0"
+    return env
+
+
+def process_group_kwargs(backend: str, local_rank: int, collective_timeout: float) -> dict:
+    """Keyword arguments of ``init_process_group`` besides backend/store/rank/world_size."""
+    kw = {"timeout": datetime.timedelta(seconds=collective_timeout)}
+    if uses_cuda(backend):
+        kw["device_id"] = torch.device("cuda", local_rank)
+    return kw
+
+
+def set_tf32(allow: bool) -> None:
+    """TF32 for fp32 matmuls (cuBLAS) and convolutions (cuDNN): off for parity, on if asked."""
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+
+
+def start(backend: str, local_rank: int, allow_tf32: bool) -> torch.device:
+    """Decide this rank's device (the one place), bind it, set TF32. Before init_process_group."""
+    state.backend = backend
+    state.device = torch.device("cuda", local_rank) if uses_cuda(backend) else torch.device("cpu")
+    if state.device.type == "cuda":
+        torch.cuda.set_device(state.device)
+    set_tf32(allow_tf32)
+    return state.device
+
+
+def finish() -> None:
+    """Destroy every process group (the default one and all subgroups) of this process."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _move(obj):
+    device = getattr(obj, "device", None)
+    if isinstance(device, torch.device) and device.type != "cpu" and callable(getattr(obj, "cpu", None)):
+        return obj.cpu()
+    return obj
+
+
+def to_cpu(obj, _memo=None):
+    """``obj`` with every tensor on the CPU: through dicts, lists, tuples (named too) and dataclasses.
+
+    A tensor (or anything with a non-CPU ``.device`` and a ``.cpu()``) is replaced by ``.cpu()``;
+    CPU tensors are returned as they are (no copy). An ``nn.Module`` is moved in place. An object
+    reached twice is moved once (sharing is kept). Other objects are returned unchanged.
+    """
+    memo = {} if _memo is None else _memo
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, torch.nn.Module):
+        out = obj.cpu()
+    elif isinstance(obj, dict):
+        out = copy.copy(obj)                        # keeps the dict's type (OrderedDict, defaultdict)
+        for k, v in obj.items():
+            out[k] = to_cpu(v, memo)
+    elif isinstance(obj, list):
+        out = [to_cpu(v, memo) for v in obj]
+        if type(obj) is not list:
+            out = type(obj)(out)
+    elif isinstance(obj, tuple):
+        items = [to_cpu(v, memo) for v in obj]
+        out = type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = copy.copy(obj)
+        for f in dataclasses.fields(obj):
+            object.__setattr__(out, f.name, to_cpu(getattr(obj, f.name), memo))  # frozen ones too
+    else:
+        out = _move(obj)
+    memo[id(obj)] = out
+    return out
+
+
+def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeout, allow_tf32,
+              env, payload, results_q, log_path):
+    """Entry point of a spawned rank: capture output, set up, join the group, run, report."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    os.environ.clear()                    # the forkserver's environment is the first launch's:
+    os.environ.update(env)                # replace it with the caller's at this launch
+    torch.set_num_threads(1)              # N ranks share the cores; also makes CPU sums reproducible
+    state.channel = (results_q, rank)
+    try:
+        start(backend, rank, allow_tf32)
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+                              timeout=datetime.timedelta(seconds=launch_timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                **process_group_kwargs(backend, rank, collective_timeout))
+        dist.barrier()  # every rank has finished connecting before any rank may finish and leave
+        fn, args, kwargs = cloudpickle.loads(payload)
+        body = cloudpickle.dumps(to_cpu(fn(*args, **kwargs)))
+        dist.barrier()  # nobody tears down its connections while a peer still uses them
+        finish()        # a clean finish includes the teardown: a hang here is a timeout, not a leak
+        results_q.put(("ok", rank, body))
+    except BaseException:  # noqa: BLE001 - every failure must reach the caller
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr)
+        results_q.put(("error", rank, tb))
+    finally:
+        results_q.close()
+        results_q.join_thread()
+        # after a failure the group is left as it is: the caller stops this process (an NCCL
+        # teardown with a dead peer can block)

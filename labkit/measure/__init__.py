@@ -1,0 +1,18 @@
+"""Chapter instruments: what the book and the labs measure, one module per chapter.
+
+    dp.py, dp_plot.py      data parallelism: parity, bytes, memory, overlap timelines
+    pipeline.py            pipeline schedules run for real: timelines, bubbles, memory
+    activations.py         what autograd saves, measured and itemized (TP, SP, PP chapters)
+    tensor_parallel.py     one transformer layer, dense vs cut: outputs, gradients, bytes
+"""
+from __future__ import annotations
+
+
+def roundoff(diff: float, tol: float) -> str:
+    """A difference as the notebooks print it: ``"<= 1e-12"`` when within ``tol``, else the value.
+
+    Round-off differs from CPU to CPU (vector width, BLAS kernels), so stored outputs show the
+    bound a run must meet, not its last digits; a run that misses it prints the number instead
+    and no longer matches the stored output.
+    """
+    return f"<= {tol:.0e}" if abs(diff) <= tol else f"{abs(diff):.1e} (> {tol:.0e})"

@@ -1,0 +1,65 @@
+"""Megatron's parameter tags in one table, and the one rule for who counts a gradient in the norm.
+
+Plans tag the parameters they create or change (Megatron-LM sets the same attributes:
+``tensor_parallel/layers.py`` ``set_tensor_model_parallel_attributes``, ``sequence_parallel`` in
+``transformer/`` modules, ``shared`` / ``shared_embedding`` in ``language_module.py``,
+``allreduce`` on expert weights). Pure Python: a tag is a plain attribute on the parameter.
+"""
+from __future__ import annotations
+
+TAGS = {
+    "tensor_model_parallel": "sharded over the tp group: each tp rank holds a different slice",
+    "partition_dim": "the dim it is cut along: 0 (column-parallel rows, vocabulary rows) or 1 "
+                     "(row-parallel columns)",
+    "sequence_parallel": "replicated over tp but fed sequence shards (SP norms, row-parallel "
+                         "biases): its gradient is summed over the tp group",
+    "shared_embedding": "the tied word embedding when the first and the last pipeline stage each "
+                        "hold a copy: its gradient is summed over the embedding group",
+    "shared": "the last stage's copy of the tied embedding: equal to the first stage's, so not "
+              "counted again in the gradient norm (Megatron's param_is_not_shared)",
+    "allreduce": "False for expert parameters: averaged over the expert-data-parallel group, not "
+                 "over dp x cp",
+}
+
+
+def tag(param, **tags) -> None:
+    """Set Megatron's tags on ``param`` (names from :data:`TAGS`)."""
+    unknown = set(tags) - set(TAGS)
+    if unknown:
+        raise ValueError(f"unknown parameter tags {sorted(unknown)}; known: {sorted(TAGS)}")
+    for name, value in tags.items():
+        setattr(param, name, value)
+
+
+ROLE_TAGS = ("shared", "shared_embedding", "allreduce")  # what a parameter is, whoever cuts it
+
+
+def inherit(new, old) -> None:
+    """Copy ``old``'s role tags to ``new`` (a plan that re-creates a parameter keeps its role)."""
+    for name in ROLE_TAGS:
+        if hasattr(old, name):
+            setattr(new, name, getattr(old, name))
+
+
+def is_tp_sharded(param) -> bool:
+    return bool(getattr(param, "tensor_model_parallel", False))
+
+
+def owns(param, coords: dict, dp_sharded: bool = False) -> bool:
+    """Whether this rank counts its copy of ``param`` in the global gradient norm (each value once).
+
+    ``coords``: this rank's {"tp", "cp", "dp", ...} (``Topology.coords``). ``dp_sharded``: the
+    gradients are sharded over dp x cp (ZeRO), so every data-parallel rank holds a different part.
+
+    * the last pipeline stage's copy of a tied embedding: never (the first stage counts it);
+    * a parameter replicated over tp: only on tp rank 0;
+    * replicated over dp x cp (no ZeRO): only on dp rank 0, cp rank 0.
+    Summing each rank's owned squares over the whole world then counts every value exactly once.
+    """
+    if getattr(param, "shared", False):
+        return False
+    if not is_tp_sharded(param) and coords.get("tp", 0) != 0:
+        return False
+    if not dp_sharded and (coords.get("dp", 0) != 0 or coords.get("cp", 0) != 0):
+        return False
+    return True

@@ -1,0 +1,173 @@
+"""Run a pipeline schedule on this rank's model chunks: the one executor.
+
+Chapters "Pipeline parallelism" and "Interleaved pipeline" (Narayanan et al. 2021, Sec. 2.2).
+A schedule is data (``schedules.py``: one Action list per rank); its point-to-point messages are
+batched into steps that cannot deadlock on NCCL and are proven so before anything runs
+(``p2p_plan.py``). :func:`run_schedule` interleaves the two: before each tick it runs that tick's
+step (sends of the previous tick, receives of this one, all in one ``labkit.comm.exchange``), then
+computes. Every message carries its name (kind, stage, microbatch), so a receive that gets another
+message than the plan says fails loudly instead of training on the wrong activation. Shapes are
+known on both sides, as in Megatron (``tensor_shape``): an activation between stages is
+[b, s_local, h] (``activation_shape``), a gradient has the shape of the output it belongs to.
+
+:class:`PipelineRunner` is the runner ``labkit.parallelize`` builds when pp > 1.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import comm
+from ..groups import Group
+from .p2p_plan import Message, plan
+from .schedules import Action, interleaved, one_f_one_b
+from .simulate import Event
+from .stage import stage_of
+
+
+@dataclass
+class ScheduleRun:
+    """What :func:`run_schedule` returns for one rank and one iteration."""
+
+    loss_sum: float                      # sum over microbatches of loss / m (last stage), else 0
+    events: list[Event] = field(default_factory=list)   # seconds since ``t0``
+    peak_activation_bytes: int = 0       # most bytes saved for backward held at once
+    peak_in_flight: int = 0              # most microbatch-chunks held at once
+    activation_bytes: dict = field(default_factory=dict)  # chunk -> bytes one microbatch saves
+
+
+def _saved_bytes(chunk):
+    """A saved-tensor hook that adds up the storages autograd keeps (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in chunk.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+    return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+def _meta(msg: Message) -> tuple[int, int, int]:
+    return ("FB".index(msg.kind), msg.stage, msg.microbatch)
+
+
+def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
+                 t0: float | None = None, activation_shape=None) -> ScheduleRun:
+    """Run this rank's ``actions`` with its p2p ``steps`` (``p2p_plan.plan(schedule)[rank]``) on
+    its ``chunks`` ([chunk 0, chunk 1, ...], each a ``labkit.model.GPT`` part).
+    ``activation_shape(tokens) -> shape`` of the hidden states between stages (default [b, s, h]).
+
+    ``microbatches``: [(tokens, labels[, position_ids])] of this data-parallel rank (only the first
+    stage reads tokens, only the last labels). ``dp``: its ``grad_sync_context`` wraps each
+    backward (None: no DP). Each loss is divided by m, so gradients accumulate to those of the mean
+    loss over the global batch.
+    """
+    p, r, m = group.size, group.rank, len(microbatches)
+    param = next(chunks[0].parameters())
+    dev, dtype, h = param.device, param.dtype, chunks[0].cfg.hidden_size
+    activation_shape = activation_shape or (lambda tokens: (*tokens.shape, h))
+    num_stages = p * len(chunks)
+    t0 = time.perf_counter() if t0 is None else t0
+    uses_w = any(a.kind == "W" for a in actions)
+    last_bwd = max(i for i, a in enumerate(actions) if a.kind == ("W" if uses_w else "B"))
+    inbox, outbox, saved, sizes = {}, {}, {}, {}
+    run, held_bytes, loss_sum = ScheduleRun(0.0), 0, torch.zeros((), dtype=torch.float64, device=dev)
+    pending = list(steps)
+
+    def shape(msg: Message):
+        if msg.kind == "F":                                 # activation: [b, s_local, h]
+            return activation_shape(microbatches[msg.microbatch][0])
+        return saved[(msg.microbatch, (msg.stage - r) // p)][1].shape   # gradient of my output
+
+    def communicate(before):
+        while pending and pending[0].before == before:
+            st = pending.pop(0)
+            got = comm.exchange(group, [(outbox.pop(msg), peer, _meta(msg)) for peer, msg in st.sends],
+                                [(peer, _meta(msg), shape(msg), dtype) for peer, msg in st.recvs],
+                                device=dev)
+            inbox.update({msg: t for (_, msg), t in zip(st.recvs, got)})
+
+    for i, a in enumerate(actions):
+        communicate(i)
+        c, mb = a.chunk, a.microbatch
+        s, chunk = stage_of(r, c, p), chunks[c]
+        tokens, labels, *rest = microbatches[mb]
+        if a.kind == "F":
+            x = tokens if s == 0 else inbox.pop(Message("F", s, mb)).requires_grad_()
+            start = time.perf_counter()
+            seen, hooks = _saved_bytes(chunk)
+            with hooks:
+                out = chunk(x, labels if s == num_stages - 1 else None, *rest)
+            if s == num_stages - 1:
+                out = out / m                               # mean over the global batch
+                loss_sum += out.detach().double()
+            else:
+                outbox[Message("F", s + 1, mb)] = out.detach()
+            saved[(mb, c)] = (x, out)
+            sizes[(mb, c)] = run.activation_bytes[c] = sum(seen.values())
+            held_bytes += sizes[(mb, c)]
+        else:
+            x, out = saved[(mb, c)]
+            grad = None if s == num_stages - 1 else inbox.get(Message("B", s, mb))
+            start = time.perf_counter()
+            sync = dp.grad_sync_context(i == last_bwd) if dp is not None else contextlib.nullcontext()
+            with sync:
+                if a.kind == "B" and uses_w:                # input gradient only, keep the graph
+                    if s > 0:
+                        torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
+                elif a.kind == "W":                         # weight gradients
+                    torch.autograd.backward(out, grad, inputs=list(chunk.parameters()))
+                else:                                       # whole backward at once
+                    torch.autograd.backward(out, grad)
+            if a.kind == "B" and s > 0:
+                outbox[Message("B", s - 1, mb)] = x.grad
+            if a.kind == ("W" if uses_w else "B"):          # activations of (mb, c) are freed
+                del saved[(mb, c)]
+                inbox.pop(Message("B", s, mb), None)
+                held_bytes -= sizes.pop((mb, c))
+        run.events.append(Event(r, a, start - t0, time.perf_counter() - t0))
+        run.peak_activation_bytes = max(run.peak_activation_bytes, held_bytes)
+        run.peak_in_flight = max(run.peak_in_flight, len(saved))
+    communicate(None)
+    run.loss_sum = float(loss_sum)                          # one host sync per iteration
+    return run
+
+
+class PipelineRunner:
+    """``labkit.parallelize`` runner for pp > 1: this rank's chunks and the schedule that runs them.
+
+    ``schedule``: None -> 1F1B (Megatron's interleaved 1F1B when v > 1); or a builder
+    ``f(p, m) -> schedule`` (``schedules.gpipe``, ``zb_h1``, a student's) to compare schedules on
+    the same model. The p2p plan of each (schedule, m) is derived and checked once, then cached.
+    """
+
+    def __init__(self, chunks: list, groups: dict, schedule=None, activation_shape=None):
+        self.chunks, self.pp, self.activation_shape = chunks, groups["pp"], activation_shape
+        self.computes_loss = chunks[-1].output_layer is not None
+        self.schedule_fn = schedule
+        self.last_run: ScheduleRun | None = None
+        self._plans: dict[int, tuple] = {}
+
+    def schedule(self, m: int):
+        p, v = self.pp.size, len(self.chunks)
+        if self.schedule_fn is not None:
+            return self.schedule_fn(p, m)
+        return interleaved(p, v, m) if v > 1 else one_f_one_b(p, m)
+
+    def plan(self, m: int) -> tuple[list[Action], list]:
+        """(this rank's actions, its p2p steps) for m microbatches."""
+        if m not in self._plans:
+            sched = self.schedule(m)
+            self._plans[m] = (sched[self.pp.rank], plan(sched)[self.pp.rank])
+        return self._plans[m]
+
+    def forward_backward(self, microbatches, dp, t0: float | None = None) -> float:
+        actions, steps = self.plan(len(microbatches))
+        self.last_run = run_schedule(actions, steps, self.chunks, self.pp, microbatches, dp, t0,
+                                     self.activation_shape)
+        return self.last_run.loss_sum

@@ -1,0 +1,192 @@
+"""The point-to-point messages of a schedule, batched into steps that NCCL can run without deadlock.
+
+Chapters "Pipeline parallelism" and "Interleaved pipeline". Pure Python, no torch.
+
+NCCL ignores tags: between two ranks, the n-th send is received by the n-th receive, in order. And a
+large send does not finish until the peer has posted the matching receive. Megatron-LM therefore
+never sends and receives separately in its schedules: it batches "send my result, receive my next
+input" into one ``batch_isend_irecv`` (``send_forward_recv_backward`` and friends in
+``megatron/core/pipeline_parallel/p2p_communication.py``). labkit derives the same batches from any
+action list (``labkit.pipeline_parallel.schedules``):
+
+    step before a tick  =  the sends the previous tick produced  +  the receives this tick needs
+    final step          =  the sends of the last tick
+
+where a tick is one action (Megatron's non-interleaved 1F1B) or, for the interleaved schedule, a
+steady-state pair "forward, backward" (Megatron's interleaved 1F1B).
+and proves, before anything runs, that the steps cannot deadlock and that every receive gets the
+message it expects, under the strictest rule a transport can impose (rendezvous: an operation
+completes only while its peer's matching operation is posted too; a rank leaves a step only when
+all the step's operations completed). A buffered transport (gloo, small NCCL messages) can only
+complete sooner. The executor runs exactly these steps, so what is checked here is what runs.
+
+A message is identified as ``Message(kind, stage, microbatch)``: kind "F" is the activation entering
+virtual stage ``stage``, kind "B" the gradient of stage ``stage``'s output.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .schedules import Action, stage_of
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: str        # "F": activation into ``stage``; "B": gradient of ``stage``'s output
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{'activation into' if self.kind == 'F' else 'gradient of'} stage {self.stage}, mb {self.microbatch}"
+
+
+@dataclass
+class Step:
+    """One batched exchange on one rank: ``sends`` [(peer, Message)], ``recvs`` [(peer, Message)]."""
+
+    sends: list = field(default_factory=list)
+    recvs: list = field(default_factory=list)
+    before: int | None = None   # index of the action it precedes (None: after the last action)
+
+    def __bool__(self) -> bool:
+        return bool(self.sends or self.recvs)
+
+
+def needs(a: Action, rank: int, p: int, num_stages: int):
+    """(peer, Message) that action ``a`` must receive first, or None."""
+    s = stage_of(rank, a.chunk, p)
+    if a.kind == "F" and s > 0:
+        return (s - 1) % p, Message("F", s, a.microbatch)
+    if a.kind == "B" and s < num_stages - 1:
+        return (s + 1) % p, Message("B", s, a.microbatch)
+    return None
+
+
+def produces(a: Action, rank: int, p: int, num_stages: int):
+    """(peer, Message) that action ``a`` sends when it is done, or None."""
+    s = stage_of(rank, a.chunk, p)
+    if a.kind == "F" and s < num_stages - 1:
+        return (s + 1) % p, Message("F", s + 1, a.microbatch)
+    if a.kind == "B" and s > 0:
+        return (s - 1) % p, Message("B", s - 1, a.microbatch)
+    return None
+
+
+def per_action_ticks(actions) -> list[list[int]]:
+    """Every F or B its own tick (a W, which sends nothing, joins the tick before it): Megatron's
+    non-interleaved 1F1B, which batches ``send_forward_recv_backward`` between a forward and the
+    next backward (``megatron/core/pipeline_parallel/schedules.py``)."""
+    out: list[list[int]] = []
+    for i, a in enumerate(actions):
+        if a.kind == "W" and out:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def interleaved_ticks(actions) -> list[list[int]]:
+    """Megatron's interleaved schedule: warm-up forwards one by one, then steady-state pairs
+    "forward, backward" that communicate once per pair (``send_forward_backward_recv_forward_backward``,
+    whose receives serve the NEXT pair), then cool-down backwards one by one."""
+    kinds = [a.kind for a in actions]
+    first_b = kinds.index("B") if "B" in kinds else len(kinds)
+    if first_b == kinds.count("F"):                     # every forward before every backward
+        return per_action_ticks(actions)
+    out = [[i] for i in range(first_b - 1)]
+    i = first_b - 1
+    while i + 1 < len(kinds) and kinds[i] == "F" and kinds[i + 1] == "B":
+        out.append([i, i + 1])
+        i += 2
+    return out + [[j] for j in range(i, len(kinds))]
+
+
+def rank_steps(actions, rank: int, p: int, v: int, ticks=per_action_ticks) -> list[Step]:
+    """The steps of one rank, in order: one batch between two ticks, which sends what the tick
+    before produced and receives what the tick after needs."""
+    S, steps, pending = p * v, [], []
+    for tick in ticks(actions):
+        step = Step(sends=pending, before=tick[0])
+        step.recvs = [n for n in (needs(actions[i], rank, p, S) for i in tick) if n is not None]
+        if step:
+            steps.append(step)
+        pending = [o for o in (produces(actions[i], rank, p, S) for i in tick) if o is not None]
+    if pending:
+        steps.append(Step(sends=pending))
+    return steps
+
+
+def plan(schedule) -> list[list[Step]]:
+    """Steps of every rank for ``schedule`` (one action list per rank, p >= 2 ranks).
+
+    Megatron's two batchings are tried in turn (non-interleaved, then interleaved); the first one
+    that :func:`check` proves safe is returned. Raises ValueError if neither is.
+    """
+    p = len(schedule)
+    v = 1 + max(a.chunk for acts in schedule for a in acts)
+    errors = []
+    for ticks in (per_action_ticks, interleaved_ticks):
+        steps = [rank_steps(acts, r, p, v, ticks) for r, acts in enumerate(schedule)]
+        try:
+            check(steps)
+            return steps
+        except ValueError as e:
+            errors.append(f"{ticks.__name__}: {e}")
+    raise ValueError("no NCCL-safe batching of this schedule's p2p: " + " | ".join(errors))
+
+
+def check(steps: list[list[Step]]) -> None:
+    """Run the steps under rendezvous semantics; raise ValueError on a deadlock or a mismatch.
+
+    Between each ordered pair (src, dst) messages match first to first (as on NCCL). A step's
+    operation completes while both it and its peer's matching operation are posted; a rank moves to
+    its next step once every operation of its current step has completed.
+    """
+    p = len(steps)
+    # the n-th send src->dst pairs with the n-th recv dst<-src: number them
+    sent, recvd = defaultdict(list), defaultdict(list)
+    where = {}   # (kind, src, dst, n) -> (rank, step index)
+    for r, rs in enumerate(steps):
+        for k, st in enumerate(rs):
+            for peer, msg in st.sends:
+                n = len(sent[(r, peer)])
+                sent[(r, peer)].append(msg)
+                where[("send", r, peer, n)] = (r, k)
+            for peer, msg in st.recvs:
+                n = len(recvd[(peer, r)])
+                recvd[(peer, r)].append(msg)
+                where[("recv", peer, r, n)] = (r, k)
+    for pair in set(sent) | set(recvd):
+        if sent[pair] != recvd[pair]:
+            a, b = sent[pair], recvd[pair]
+            n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            got = str(a[n]) if n < len(a) else "nothing"
+            want = str(b[n]) if n < len(b) else "nothing"
+            raise ValueError(f"p2p order mismatch from rank {pair[0]} to rank {pair[1]}: message "
+                             f"{n} is the {got}, but the receiver expects the {want}")
+    ops_of = defaultdict(list)                       # (rank, step) -> its operations
+    for key, pos in where.items():
+        ops_of[pos].append(key)
+    cur, done = [0] * p, set()
+    while any(cur[r] < len(steps[r]) for r in range(p)):
+        for r in range(p):                           # complete operations whose peer is posted too
+            for op, src, dst, n in ops_of.get((r, cur[r]), []):
+                mate = ("recv" if op == "send" else "send", src, dst, n)
+                peer, k = where[mate]
+                if cur[peer] == k:
+                    done |= {(op, src, dst, n), mate}
+        moved = False
+        for r in range(p):                           # leave completed steps
+            while cur[r] < len(steps[r]) and all(key in done for key in ops_of[(r, cur[r])]):
+                cur[r] += 1
+                moved = True
+        if not moved:
+            stuck = {r: _describe(steps[r][cur[r]]) for r in range(p) if cur[r] < len(steps[r])}
+            raise ValueError(f"p2p deadlock: every unfinished rank waits in a step whose peer is "
+                             f"not there (rank: step) {stuck}")
+
+
+def _describe(step: Step) -> str:
+    parts = [f"send {m} to {q}" for q, m in step.sends] + [f"recv {m} from {q}" for q, m in step.recvs]
+    return "; ".join(parts)

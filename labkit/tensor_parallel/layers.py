@@ -1,0 +1,110 @@
+"""Column- and row-parallel linear layers: every GEMM's weight cut across the t ranks of the tp group.
+
+Chapter "Tensor parallelism" (Shoeybi et al. 2019, "Megatron-LM", Sec. 3 and Fig. 3; Megatron-LM
+``megatron/core/tensor_parallel/layers.py``) and chapter "Sequence parallelism".
+
+MLP: Y = GeLU(X A) B.  A [h, 4h] is split by COLUMNS (rank r holds A_r [h, 4h/t]), so GeLU(X A_r)
+is computed locally: no communication between the two GEMMs. B [4h, h] is split by ROWS (B_r
+[4h/t, h]), so GeLU(X A_r) B_r is a partial sum and one all-reduce finishes it. Attention is the
+same with heads: linear_qkv column-parallel (whole heads per rank), linear_proj row-parallel.
+(torch stores a Linear's weight as [out, in], so "columns of A" are rows of the stored weight.)
+
+At the borders (tensor_parallel/tp_comm.py): f before the column-parallel GEMM, f-bar after the
+row-parallel one; under sequence parallelism the activations outside are [b, s/t, h] and the pair
+becomes g (all-gather) / g-bar (reduce-scatter). Every layer is built ``from_dense(linear, group)``,
+keeping this rank's slice of the dense weights, and tags its parameters (labkit/param_attrs.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..groups import Group
+from ..param_attrs import inherit, tag
+from . import tp_comm
+from .sequence_parallel import linear_with_sequence_regather
+
+
+def divide(n: int, t: int, what: str) -> int:
+    if n % t:
+        raise ValueError(f"{what} {n} is not divisible by tensor_model_parallel_size {t}")
+    return n // t
+
+
+def _param(t: torch.Tensor | None, like=None, **tags) -> nn.Parameter | None:
+    """A new parameter holding ``t`` (a slice of the dense ``like``), with TP tags and ``like``'s role."""
+    if t is None:
+        return None
+    p = nn.Parameter(t.detach().clone())
+    tag(p, **tags)
+    if like is not None:
+        inherit(p, like)
+    return p
+
+
+class ColumnParallelLinear(nn.Module):
+    """Y_r = X A_r + b_r: rank r holds rows [r*out/t, (r+1)*out/t) of the dense weight [out, in].
+
+    Input replicated [b, s, in] (or [b, s/t, in] under SP: all-gathered first); output
+    [b, s, out/t], or gathered to [b, s, out] with ``gather_output``. ``weight`` may be None (the
+    tied output layer): the caller then passes it to forward, as Megatron's output layer does.
+    """
+
+    regather_input = False  # advanced (sequence_parallel.use_regather): Megatron's memory saving
+
+    def __init__(self, weight, bias, group: Group, gather_output=False, sequence_parallel=False,
+                 like=None):
+        super().__init__()
+        self.group, self.gather_output, self.sequence_parallel = group, gather_output, sequence_parallel
+        self.weight = _param(weight, like, tensor_model_parallel=True, partition_dim=0)  # [out/t, in]
+        self.bias = _param(bias, None, tensor_model_parallel=True, partition_dim=0)      # [out/t]
+
+    @classmethod
+    def from_dense(cls, linear: nn.Module, group: Group, **kw):
+        w = linear.weight
+        if w is None:                                       # tied output layer: no weight here
+            return cls(None, None, group, **kw)
+        out = divide(w.shape[0], group.size, "output features")
+        rows = slice(group.rank * out, (group.rank + 1) * out)
+        bias = getattr(linear, "bias", None)
+        return cls(w[rows], None if bias is None else bias[rows], group, like=w, **kw)
+
+    def forward(self, x, weight=None):
+        w = self.weight if weight is None else weight
+        if self.sequence_parallel and self.regather_input:
+            y = linear_with_sequence_regather(self.group, x, w, self.bias)
+        else:
+            x = (tp_comm.gather_from_sequence(self.group, x) if self.sequence_parallel   # g
+                 else tp_comm.copy_to(self.group, x))                                     # f
+            y = F.linear(x, w, self.bias)                   # [b, s, out/t]: no communication
+        return tp_comm.gather_from(self.group, y, -1) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Module):
+    """Y = sum_r X_r B_r + b: rank r holds columns [r*in/t, (r+1)*in/t) of the dense weight [out, in].
+
+    Input [b, s, in/t] (the output of a ColumnParallelLinear); output replicated [b, s, out], or
+    [b, s/t, out] under SP. The bias is added once, after the sum: it is replicated over tp, and
+    under SP each rank adds it to its own positions only (a partial gradient, summed over tp).
+    """
+
+    def __init__(self, weight, bias, group: Group, sequence_parallel=False):
+        super().__init__()
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self.weight = _param(weight, tensor_model_parallel=True, partition_dim=1)   # [out, in/t]
+        self.bias = _param(bias, tensor_model_parallel=False, sequence_parallel=sequence_parallel)
+
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, group: Group, **kw):
+        cols = divide(linear.in_features, group.size, "input features")
+        w = linear.weight[:, group.rank * cols:(group.rank + 1) * cols]
+        return cls(w, linear.bias, group, **kw)
+
+    def forward(self, x):                                  # x: [b, s, in/t]
+        partial = F.linear(x, self.weight)                 # [b, s, out]: this rank's share of the sum
+        if self.sequence_parallel:
+            y = tp_comm.reduce_scatter_to_sequence(self.group, partial)  # g-bar: [b, s/t, out]
+        else:
+            y = tp_comm.reduce_from(self.group, partial)                  # f-bar: all-reduce
+        return y if self.bias is None else y + self.bias
