@@ -2,7 +2,7 @@
 
 Public API (the book, the labs and external checks use these names):
 
-    labkit.Topology(world_size, tp=1, pp=1, cp=1, ep=1)    rank layout, pure   (labkit/topology.py)
+    labkit.Topology(world_size, tp=1, pp=1, cp=1, ep=1, etp=None)   rank layout, pure (labkit/topology.py)
     labkit.launch(fn, world_size, *args, **kwargs)         run fn on N ranks    (labkit/launcher.py)
     labkit.train(world_size=1, steps=..., **config)        one training loop    (labkit/training.py)
     labkit.comm, labkit.model, labkit.calc, labkit.check   modules

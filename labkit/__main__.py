@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 4 -m labkit train --micro-batch-size 2 --global-batch-size 16
     python -m labkit estimate --world-size 1024 --num-layers 96 ...   (Megatron's memory/FLOPs estimate)
     python -m labkit plan --help                                      (rank the layouts for a cluster)
+    python -m labkit experiments list|run ID [--scale cpu] [--megatron]|report   (a tutorial's runs)
 
 Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
 """
@@ -50,12 +51,13 @@ def train_main(argv) -> int:
     steps, seed = args.pop("steps"), args.pop("seed")
     backend, log_interval = args.pop("backend"), args.pop("log_interval")
     max_pos = args.pop("max_position_embeddings")
-    if max_pos is not None and max_pos < args["seq_length"]:
-        print(f"error: max_position_embeddings {max_pos} < seq_length {args['seq_length']}", file=sys.stderr)
-        return 2
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     config = {k: v for k, v in args.items() if v != defaults[k]}
     try:
+        if max_pos is not None:  # Megatron's rule, checked by the one rule book in its place
+            from .calc.config import validate
+            model, par = TrainConfig(**config).megatron_view(world)
+            validate(model.with_(max_position_embeddings=max_pos), par)
         result = train(world_size=world, steps=steps, seed=seed, backend=backend,
                        log_interval=log_interval, **config)
     except ValueError as e:  # a bad layout: say which rule, no traceback
@@ -71,9 +73,14 @@ def _gpu_check(argv) -> int:
     return gpu_check_main(argv)
 
 
+def _experiments(argv) -> int:
+    from .experiments.cli import main as experiments_main   # a Megatron-LM tutorial's runs, by name
+    return experiments_main(argv)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train_main, "gpu-check": _gpu_check}
+    commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments}
     try:
         from .calc import cli as calc_cli
         commands["estimate"] = calc_cli.main

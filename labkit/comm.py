@@ -76,11 +76,12 @@ def all_to_all(group: Group, x: torch.Tensor, output_split_sizes=None, input_spl
     ins = list(x.contiguous().split(input_split_sizes or x.shape[0] // n))
     if len(ins) != n:
         raise ValueError(f"all_to_all: {x.shape[0]} rows do not split into {n} equal chunks")
-    outs_rows = output_split_sizes or [ins[0].shape[0]] * n
-    outs = [x.new_empty((rows, *x.shape[1:])) for rows in outs_rows]
-    dist.all_to_all(outs, [t.contiguous() for t in ins], group=group.pg)
+    outs_rows = list(output_split_sizes or [ins[0].shape[0]] * n)
+    out = x.new_empty((sum(outs_rows), *x.shape[1:]))
+    # the single-tensor form: gloo's list form needs equal chunks, expert dispatch has uneven ones
+    dist.all_to_all_single(out, x.contiguous(), outs_rows, [t.shape[0] for t in ins], group=group.pg)
     group.stats.add("all_to_all", sum(_nbytes(t) for j, t in enumerate(ins) if j != group.rank))
-    return torch.cat(outs, dim=0)
+    return out
 
 
 def broadcast(group: Group, x: torch.Tensor, src: int = 0) -> torch.Tensor:

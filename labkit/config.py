@@ -17,9 +17,11 @@ Two kinds of rule, one home each:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 
 from .calc import config as megatron_rules
+from .calc.moe import MoEArgs
 from .topology import Topology
 
 BYTE_VOCAB_SIZE = 256  # labkit.data.ByteTokenizer: UTF-8 bytes
@@ -33,8 +35,9 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, 
 
 
 @dataclass(frozen=True)
-class GPTConfig:
-    """The dense model (``labkit.model.GPT``). ``vocab_size`` is already padded."""
+class GPTConfig(MoEArgs):
+    """The model (``labkit.model.GPT``): dense, or MoE with ``num_experts``. ``vocab_size`` is
+    already padded."""
 
     num_layers: int = 2
     hidden_size: int = 64
@@ -51,10 +54,11 @@ class GPTConfig:
     def __post_init__(self):
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
-        megatron_rules.ModelConfig(  # the rule book checks sizes and hidden % heads
+        self._check_moe()
+        megatron_rules.ModelConfig(  # the rule book checks sizes, hidden % heads, top-k <= experts
             num_layers=self.num_layers, hidden_size=self.hidden_size, seq_length=self.seq_length,
             num_attention_heads=self.num_attention_heads, vocab_size=self.vocab_size,
-            ffn_hidden_size=self.ffn_hidden_size, make_vocab_size_divisible_by=1)
+            ffn_hidden_size=self.ffn_hidden_size, make_vocab_size_divisible_by=1, **self.moe_sizes())
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -66,9 +70,14 @@ class GPTConfig:
     def num_parameters(self) -> int:
         h, f, v, s, L = (self.hidden_size, self.ffn_hidden_size, self.vocab_size, self.seq_length,
                          self.num_layers)
-        per_layer = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
+        mlp = lambda ffn: (h * ffn + ffn) + (ffn * h + h)  # noqa: E731 - fc1 + fc2 with biases
+        attn = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h)  # two LayerNorms, qkv, proj
+        moe = (h * (self.num_experts or 0) + (self.num_experts or 0) * mlp(self.moe_ffn_hidden_size or 0)
+               + (mlp(self.moe_shared_expert_intermediate_size) if self.moe_shared_expert_intermediate_size
+                  else 0))                                 # router (no bias), experts, shared expert
+        n_moe = sum(self.moe_layers())
         out = v * h if self.untie_embeddings_and_output_weights else 0
-        return v * h + s * h + L * per_layer + 2 * h + out
+        return v * h + s * h + L * attn + (L - n_moe) * mlp(f) + n_moe * moe + 2 * h + out
 
 
 # GPT-2 sizes (vocab 50257 padded to 50304, a multiple of 128, as Megatron does)
@@ -92,8 +101,9 @@ def preset(name: str, **overrides) -> GPTConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """One training run of ``labkit.train`` (and ``labkit.reference``), Megatron's names."""
+class TrainConfig(MoEArgs):
+    """One training run of ``labkit.train`` (and ``labkit.reference``), Megatron's names; the MoE
+    arguments come from :class:`MoEArgs`."""
 
     # model (vocabulary: the byte tokenizer's 256, padded as Megatron pads)
     num_layers: int = 2
@@ -122,14 +132,25 @@ class TrainConfig:
     pipeline_model_parallel_size: int = 1
     num_layers_per_virtual_pipeline_stage: int | None = None
     context_parallel_size: int = 1
+    cp_comm_type: str = "p2p"       # Megatron's --cp-comm-type: "p2p" (ring), "all_gather", "a2a"
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None  # None: tensor_model_parallel_size (Megatron)
+    moe_token_dispatcher_type: str = "allgather"    # or "alltoall" (Megatron's default: allgather)
     use_distributed_optimizer: bool = False
     zero_stage: int = 0
     ddp_bucket_size: int | None = None  # None: all-reduce after backward; else bucket size (elements)
+    # data: None = the shipped corpus (labkit.data); else Megatron's --data-path, the PREFIX of an
+    # indexed dataset PREFIX.bin/.idx, sampled as Megatron's GPTDataset (labkit.indexed_dataset)
+    data_path: str | None = None
 
     # -- derived ------------------------------------------------------------------------------
+    def __post_init__(self):
+        self._check_moe()
+
     def topology(self, world_size: int) -> Topology:
         return Topology(world_size, tp=self.tensor_model_parallel_size,
-                        pp=self.pipeline_model_parallel_size, cp=self.context_parallel_size)
+                        pp=self.pipeline_model_parallel_size, cp=self.context_parallel_size,
+                        ep=self.expert_model_parallel_size, etp=self.expert_tensor_parallel_size)
 
     def validate(self, world_size: int) -> Topology:
         """Every rule for this world size (see :func:`check`); returns the Topology."""
@@ -166,24 +187,29 @@ class TrainConfig:
                          ffn_hidden_size=self.ffn_hidden_size,
                          vocab_size=padded_vocab_size(BYTE_VOCAB_SIZE, self.make_vocab_size_divisible_by, tp),
                          hidden_dropout=self.hidden_dropout, attention_dropout=self.attention_dropout,
-                         untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights)
+                         untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights,
+                         **self.moe_args())
 
     def megatron_view(self, world_size: int):
         """(ModelConfig, ParallelConfig) of ``labkit.calc`` for this run: what the rule book and
         the calculators see (the byte tokenizer's vocabulary, fp32 in the labs)."""
-        model = megatron_rules.ModelConfig(
-            num_layers=self.num_layers, hidden_size=self.hidden_size,
-            num_attention_heads=self.num_attention_heads, seq_length=self.seq_length,
-            vocab_size=BYTE_VOCAB_SIZE, ffn_hidden_size=self.ffn_hidden_size,
-            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
-            untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights)
+        # the ParallelConfig first: Megatron checks the world size before the model's sizes
         par = megatron_rules.ParallelConfig(
             world_size=world_size, tensor_model_parallel_size=self.tensor_model_parallel_size,
             pipeline_model_parallel_size=self.pipeline_model_parallel_size,
             num_layers_per_virtual_pipeline_stage=self.num_layers_per_virtual_pipeline_stage,
             context_parallel_size=self.context_parallel_size, sequence_parallel=self.sequence_parallel,
+            expert_model_parallel_size=self.expert_model_parallel_size,
+            expert_tensor_parallel_size=self.expert_tensor_parallel_size,
             micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
             use_distributed_optimizer=self.use_distributed_optimizer, zero_stage=self.zero_stage)
+        model = megatron_rules.ModelConfig(
+            num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads, seq_length=self.seq_length,
+            vocab_size=BYTE_VOCAB_SIZE, ffn_hidden_size=self.ffn_hidden_size,
+            make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
+            untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights,
+            **self.moe_sizes())
         return model, par
 
 
@@ -204,6 +230,11 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
     topo = cfg.topology(world_size)
     tp, pp, cp = topo.tp, topo.pp, topo.cp
     # -- labkit's refusals and labkit-only options ----------------------------------------------
+    if cfg.data_path is not None:
+        missing = [p for p in (f"{cfg.data_path}.bin", f"{cfg.data_path}.idx") if not os.path.isfile(p)]
+        if missing:
+            raise ValueError(f"data_path {cfg.data_path!r}: {' and '.join(missing)} not found (the path "
+                             f"is a PREFIX: Megatron's indexed dataset is PREFIX.bin + PREFIX.idx)")
     if cfg.params_dtype not in ("float32", "float64"):
         raise ValueError(f"params_dtype must be 'float32' or 'float64', got {cfg.params_dtype!r}")
     if cfg.zero_stage not in (0, 1, 2, 3):
@@ -220,13 +251,42 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
         raise ValueError(f"zero_stage {zero} with pipeline_model_parallel_size {pp}: gradients (and "
                          f"under ZeRO-3 weights) would move once per microbatch, m times per step; "
                          f"use zero_stage 1 (the distributed optimizer) with pipelines, as Megatron does")
-    if cfg.sequence_parallel and tp > 1 and (cfg.seq_length // cp) % tp:
-        raise ValueError(f"seq_length {cfg.seq_length} / context_parallel_size {cp} = "
-                         f"{cfg.seq_length // cp} is not divisible by tensor_model_parallel_size {tp}: "
-                         f"sequence parallelism gives each TP rank s/t positions")
-    if cp > 1:
-        raise ValueError(f"context_parallel_size {cp}: context parallelism is not in labkit.train yet")
+    _check_context_parallel(cfg, tp, cp)
+    _check_moe_layout(cfg, topo)
     return topo
+
+
+def _check_context_parallel(cfg: TrainConfig, tp: int, cp: int) -> None:
+    """CP: Megatron's --cp-comm-type values (seq_length % 2cp is Megatron's rule), a2a's heads."""
+    if cfg.cp_comm_type not in ("p2p", "all_gather", "allgather", "a2a"):   # allgather: the help's spelling
+        raise ValueError(f"cp_comm_type must be 'p2p', 'all_gather' or 'a2a' (labkit has no hierarchical "
+                         f"'a2a+p2p'), got {cfg.cp_comm_type!r}")
+    if cp > 1 and cfg.cp_comm_type == "a2a" and (cfg.num_attention_heads // tp) % cp:
+        raise ValueError(f"cp_comm_type 'a2a' needs heads per TP rank divisible by CP: num_attention_heads "
+                         f"{cfg.num_attention_heads} / TP {tp} = {cfg.num_attention_heads // tp}, not divisible by CP {cp}")
+    if cp > 1 and cfg.attention_dropout > 0:
+        raise ValueError(f"attention_dropout {cfg.attention_dropout} with context_parallel_size {cp}: labkit's "
+                         f"blockwise attention has no attention-probability dropout; set it to 0")
+
+
+def _check_moe_layout(cfg: TrainConfig, topo: Topology) -> None:
+    """MoE: Megatron's training-time rule (MoE + TP needs SP), and what labkit implements."""
+    if cfg.num_experts is None:
+        return
+    if cfg.moe_token_dispatcher_type not in ("allgather", "alltoall"):
+        raise ValueError(f"moe_token_dispatcher_type must be 'allgather' or 'alltoall' in labkit, got "
+                         f"{cfg.moe_token_dispatcher_type!r} (Megatron also has 'flex')")
+    if topo.tp > 1 and not cfg.sequence_parallel:  # Megatron: moe_layer.py MoELayer.forward
+        raise ValueError(f"num_experts {cfg.num_experts} with tensor_model_parallel_size {topo.tp} needs "
+                         f"sequence_parallel: Megatron refuses MoE with TP but without SP in training")
+    if topo.etp not in (1, topo.tp):
+        raise ValueError(f"expert_tensor_parallel_size {topo.etp}: labkit implements 1 or the TP size "
+                         f"{topo.tp} (Megatron's default)")
+    if topo.tp > 1 and cfg.moe_shared_expert_intermediate_size:
+        raise ValueError(f"moe_shared_expert_intermediate_size with tensor_model_parallel_size {topo.tp}: "
+                         f"the tensor-parallel plan does not cut shared experts yet")
+    if topo.cp > 1:
+        raise ValueError(f"num_experts with context_parallel_size {topo.cp}: not in labkit yet")
 
 
 def train_config(**config) -> TrainConfig:

@@ -74,10 +74,17 @@ class Group:
         return f"Group({self.name!r}, ranks={list(self.ranks)})"
 
 
-def new_group(name: str, ranks) -> Group:
-    """A Group over ``ranks``. Every rank of the world must call this, in the same order."""
+def new_group(name: str, ranks, made: dict | None = None) -> Group:
+    """A Group over ``ranks``. Every rank of the world must call this, in the same order.
+
+    ``made`` ({ranks: torch ProcessGroup}): reuse a communicator already made over the same ranks
+    (the expert axes often span the same ranks as a dense one); the Group keeps its own counters."""
     ranks = tuple(int(r) for r in ranks)
+    if made is not None and ranks in made:
+        return Group(name, ranks, made[ranks])
     pg = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+    if made is not None:
+        made[ranks] = pg
     return Group(name, ranks, pg)
 
 
@@ -94,10 +101,10 @@ def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
     if dist.get_world_size() != topo.world_size:
         raise ValueError(f"topology is for {topo.world_size} ranks but the world has "
                          f"{dist.get_world_size()}")
-    me, mine = dist.get_rank(), {}
+    me, mine, made = dist.get_rank(), {}, {}
     for axis in axes:
         for ranks in topo.groups(axis):
-            g = new_group(axis, ranks)
+            g = new_group(axis, ranks, made)
             if me in ranks:
                 mine[axis] = g
     for ranks in topo.embedding_groups():
@@ -105,7 +112,7 @@ def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
         if me in ranks:
             mine["embd"] = g
     mine["world"] = world_group()
-    for g in mine.values():
+    for g in {id(g.pg): g for g in mine.values()}.values():   # each communicator once
         _connect(g)
     return mine
 
@@ -122,6 +129,12 @@ def grad_reduce_group(groups: dict[str, Group]) -> Group:
     (every rank holding the same weights; Megatron's ``get_data_parallel_group(with_context_parallel=True)``)."""
     cp = groups.get("cp")
     return groups["dp_cp"] if cp is not None and cp.size > 1 else groups["dp"]
+
+
+def expert_grad_reduce_group(groups: dict[str, Group]) -> Group:
+    """The group expert gradients are reduced over: the expert-data-parallel ranks, which hold the
+    same experts (Megatron's ``get_expert_data_parallel_group``)."""
+    return groups["edp"]
 
 
 def uncounted(group: Group) -> Group:

@@ -85,7 +85,8 @@ def to_flags(config: TrainConfig | dict, steps: int | None = None) -> list[str]:
         if f.name in _NOT_MEGATRON or value == f.default or value is None:
             continue
         flag = "--" + f.name.replace("_", "-")
-        flags += [flag] if value is True else [flag, str(value)]
+        text = str(list(value)) if isinstance(value, tuple) else str(value)   # moe_layer_freq: "[0, 1]"
+        flags += [flag] if value is True else [flag, text]
     if cfg.zero_stage and not (cfg.zero_stage == 1 and "--use-distributed-optimizer" in flags):
         flags += ZERO_FLAGS[cfg.zero_stage]
     # flags Megatron needs, or whose Megatron default differs from labkit's (dropout 0.1 there,

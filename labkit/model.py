@@ -12,6 +12,9 @@ changes is a module attribute, a *seam*, swapped by name (``labkit.parallelize``
                                              CP: attention over the sequence shards of all ranks
     output_layer, loss_fn                    TP: vocabulary-parallel logits and cross-entropy
     every Dropout's ``generator``            Megatron's RNG streams per region
+    decoder.layers.i.mlp (a MoE layer, labkit/moe.py, when ``num_experts`` is set and the layer is
+      one of ``moe_layer_freq``'s): .experts.local_experts, .token_dispatcher, .router
+                                             EP: keep E/ep experts, exchange tokens (all-to-all)
     embedding / final norm / output layer    None on pipeline stages that do not hold them
 
 Activations are [b, s, h] (batch, sequence, hidden), like nanoGPT (Megatron uses [s, b, h]).
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import PRESETS, GPTConfig, preset  # noqa: F401 - the model's configuration
+from .moe import MoELayer
 
 __all__ = ["GPT", "GPTConfig", "PRESETS", "preset", "causal_attention", "lm_loss"]
 
@@ -113,15 +117,16 @@ class MLP(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-    """Pre-LN block: x + dropout(attn(ln(x))), then x + dropout(mlp(ln(x)))."""
+    """Pre-LN block: x + dropout(attn(ln(x))), then x + dropout(mlp(ln(x))); the mlp is a
+    mixture of experts in MoE layers (``cfg.moe_layers()[layer_number]``)."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, layer_number: int = 0):
         super().__init__()
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
         self.self_attention = SelfAttention(cfg)
         self.self_attn_dropout = Dropout(cfg.hidden_dropout)
         self.pre_mlp_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
-        self.mlp = MLP(cfg)
+        self.mlp = MoELayer(cfg, layer_number) if cfg.moe_layers()[layer_number] else MLP(cfg)
         self.mlp_dropout = Dropout(cfg.hidden_dropout)
 
     def forward(self, x):
@@ -175,7 +180,7 @@ class Layers(nn.ModuleDict):
 class Decoder(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.layers = Layers({str(i): TransformerLayer(cfg) for i in range(cfg.num_layers)})
+        self.layers = Layers({str(i): TransformerLayer(cfg, i) for i in range(cfg.num_layers)})
         self.final_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
 
 

@@ -3,8 +3,8 @@
     1. PP   split the model into this rank's stages (model chunks)          pipeline_parallel/stage.py
     2. TP   swap each chunk's modules for tensor-parallel ones, by name     tensor_parallel/plan.py
        (SP is part of the TP plan; then Megatron's dropout streams)         tensor_parallel/random.py
-    3. CP   (chapter "Context parallelism"; not in labkit.train yet)
-    4. EP   (chapter "Expert parallelism"; not in labkit.train yet)
+    3. CP   swap each chunk's core attention; shard every microbatch        context_parallel/plan.py
+    4. EP   keep num_experts/ep experts of each MoE layer, swap its dispatcher expert_parallel/plan.py
     5. DP   average what the rank holds over dp (x cp); ZeRO shards it     data_parallel/wrap.py
 
 torchtitan's order (``parallelize_llama``: pipeline split first, then TP and the rest on each
@@ -109,18 +109,19 @@ def dense_shards(engine: Engine, which: str = "grads") -> dict:
     """This rank's part of the dense model's gradients (after a ``capture_grads`` step) or
     parameters: {dense name: (tensor on the CPU, partition_dim or None)}. Only the ranks that own a
     value send it (dp rank 0, cp rank 0; tp-replicated ones from tp rank 0; never the last stage's
-    tied copy), so :func:`assemble` sees each value once."""
+    tied copy; an expert's from edp rank 0, and etp rank 0 unless cut over etp), so
+    :func:`assemble` sees each value once."""
     full = engine.last_grads if which == "grads" else engine.dp.full_parameters()
-    if engine.coords["dp"] or engine.coords["cp"]:
-        return {}
+    c = engine.coords
     params = {n: p for chunk in engine.runner.chunks for n, p in chunk.named_parameters()}
     out = {}
     for name, t in full.items():
         p = params[name]
-        if getattr(p, "shared", False):
+        expert = getattr(p, "allreduce", True) is False   # its own grid: replicated over edp
+        if getattr(p, "shared", False) or (c["edp"] if expert else c["dp"] or c["cp"]):
             continue
         sharded = getattr(p, "tensor_model_parallel", False)
-        if sharded or engine.coords["tp"] == 0:
+        if sharded or c["etp" if expert else "tp"] == 0:
             out[name] = (t.detach().cpu(), getattr(p, "partition_dim", None) if sharded else None)
     return out
 
@@ -154,7 +155,18 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
             apply_tensor_parallel(chunk, groups["tp"], sequence_parallel=cfg.sequence_parallel)
     apply_rng_streams(chunks, seed, coords["pp"], coords["tp"], cfg.sequence_parallel and topo.tp > 1,
                       next(model.parameters()).device)
-    # 3./4. Context and expert parallelism plug in here (labkit.config refuses them until then).
+    # 3. Context parallelism: swap each layer's core attention; the Engine shards every microbatch.
+    transform = None
+    if topo.cp > 1:
+        from .context_parallel.plan import apply_context_parallel
+        for chunk in chunks:
+            transform = apply_context_parallel(chunk, groups["cp"], cfg.cp_comm_type)
+    # 4. Expert parallelism: keep this rank's experts, tokens travel to them (chapter "Expert parallelism").
+    if cfg.num_experts is not None:
+        from .expert_parallel.plan import apply_expert_parallel
+        coords.update(topo.expert_coords(dist.get_rank()))   # etp, edp: experts' own grid
+        for chunk in chunks:
+            apply_expert_parallel(chunk, groups, cfg, cfg.num_microbatches(topo))
     # 5. Data parallelism / ZeRO over everything this rank holds (chapter "Data parallelism").
     dp = wrap_data_parallel(chunks, groups, cfg)
     if topo.pp > 1:
@@ -164,4 +176,4 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
             tokens.shape[0], tokens.shape[1] // sp, cfg.hidden_size))
     else:
         runner = SingleStageRunner(chunks)
-    return Engine(runner, dp, groups, coords, cfg)
+    return Engine(runner, dp, groups, coords, cfg, batch_transform=transform)

@@ -45,19 +45,30 @@ def is_tp_sharded(param) -> bool:
     return bool(getattr(param, "tensor_model_parallel", False))
 
 
+def is_expert(param) -> bool:
+    """A routed expert's parameter (Megatron tags them ``allreduce=False``)."""
+    return getattr(param, "allreduce", True) is False
+
+
 def owns(param, coords: dict, dp_sharded: bool = False) -> bool:
     """Whether this rank counts its copy of ``param`` in the global gradient norm (each value once).
 
-    ``coords``: this rank's {"tp", "cp", "dp", ...} (``Topology.coords``). ``dp_sharded``: the
-    gradients are sharded over dp x cp (ZeRO), so every data-parallel rank holds a different part.
+    ``coords``: this rank's {"tp", "cp", "dp", ...} (``Topology.coords``), with the expert grid's
+    {"etp", "edp"} (``Topology.expert_coords``) when the model has experts. ``dp_sharded``: the
+    gradients are sharded over the data-parallel ranks (ZeRO), so each holds a different part.
 
     * the last pipeline stage's copy of a tied embedding: never (the first stage counts it);
     * a parameter replicated over tp: only on tp rank 0;
-    * replicated over dp x cp (no ZeRO): only on dp rank 0, cp rank 0.
+    * replicated over dp x cp (no ZeRO): only on dp rank 0, cp rank 0;
+    * an expert's: the same two rules on the expert grid (etp rank 0 unless cut over etp; edp
+      rank 0 unless ZeRO shards it over edp); the ep ranks hold different experts.
     Summing each rank's owned squares over the whole world then counts every value exactly once.
     """
     if getattr(param, "shared", False):
         return False
+    if is_expert(param):
+        return ((is_tp_sharded(param) or coords.get("etp", 0) == 0)
+                and (dp_sharded or coords.get("edp", 0) == 0))
     if not is_tp_sharded(param) and coords.get("tp", 0) != 0:
         return False
     if not dp_sharded and (coords.get("dp", 0) != 0 or coords.get("cp", 0) != 0):

@@ -13,7 +13,6 @@ bad layout is a ValueError naming the rule (labkit/config.py).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from .config import TrainConfig, train_config
@@ -28,15 +27,18 @@ class TrainResult:
     world_size: int
     ranks: list[dict] = field(default_factory=list)  # per-rank extras (comm stats, ...), rank order
     grads: dict | None = None           # {dense name: gradient after step 1}, if capture_grads
+    moe: list[dict] | None = None       # MoE: per iteration, load_balancing_loss, tokens per expert...
 
 
 def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, gbs: int,
-                     loss: float, grad_norm: float) -> str:
+                     loss: float, grad_norm: float, moe: dict | None = None) -> str:
     """One line in Megatron-LM's training-log format (``training_log`` in
-    ``megatron/training/training.py``; data/megatron_log_h200_dp2.txt is a real one)."""
+    ``megatron/training/training.py``; data/megatron_log_h200_dp2.txt is a real one). With MoE,
+    the auxiliary losses follow ``lm loss`` as Megatron prints them (``load_balancing_loss``)."""
+    aux = "".join(f" {k}: {moe[k]:.6E} |" for k in ("load_balancing_loss", "z_loss") if k in (moe or {}))
     return (f" iteration {it:8d}/{steps:8d} | consumed samples: {consumed:12d} | "
             f"elapsed time per iteration (ms): {ms:.1f} | learning rate: {lr:.6E} | "
-            f"global batch size: {gbs:5d} | lm loss: {loss:.6E} | loss scale: 1.0 | "
+            f"global batch size: {gbs:5d} | lm loss: {loss:.6E} |{aux} loss scale: 1.0 | "
             f"grad norm: {grad_norm:.3f} | number of skipped iterations:   0 | "
             f"number of nan iterations:   0 |")
 
@@ -53,6 +55,8 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     cfg.validate(world_size)  # fails here, before any process starts
+    if cfg.data_path is not None:
+        _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
     from .launcher import launch
     outs = launch(_worker, world_size, cfg, steps, seed, log_interval, capture_grads,
                   backend=backend, timeout=timeout)
@@ -62,7 +66,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
         grads = assemble([o["grads"] for o in outs])
     r0 = outs[0]
     return TrainResult(r0["losses"], r0["grad_norms"], r0["iteration_ms"], cfg, world_size,
-                       [o["extra"] for o in outs], grads)
+                       [o["extra"] for o in outs], grads, r0.get("moe"))
 
 
 def build_rank(cfg: TrainConfig, seed: int = 0):
@@ -85,13 +89,35 @@ def build_rank(cfg: TrainConfig, seed: int = 0):
     return topo, groups, engine
 
 
-def rank_microbatches(cfg: TrainConfig, topo, iteration: int, seed: int, tokens) -> list:
-    """This rank's microbatches of iteration ``iteration``'s global batch, on its device."""
+def _check_data(cfg: TrainConfig) -> None:
+    """Open ``cfg.data_path`` (a corrupt or truncated file is a ValueError naming it) and check
+    that its tokens fit the model's vocabulary, before any process starts."""
+    from .indexed_dataset import read_indexed_dataset
+    ds = read_indexed_dataset(cfg.data_path)
+    vocab = cfg.model_config().vocab_size
+    top = int(ds.tokens.max()) if len(ds.tokens) else 0
+    if top >= vocab:
+        raise ValueError(f"{cfg.data_path}.bin holds token id {top}, but the model's vocabulary has "
+                         f"{vocab} entries (labkit's byte tokenizer: 256, padded)")
+
+
+def rank_microbatches(cfg: TrainConfig, topo, iteration: int, seed: int, tokens,
+                      num_samples: int | None = None) -> list:
+    """This rank's microbatches of iteration ``iteration``'s global batch, on its device.
+
+    The global batch comes from ``tokens`` (the corpus, ``labkit.data.get_batch``), or, when
+    ``cfg.data_path`` is set, from that indexed dataset (``labkit.indexed_dataset.get_batch``:
+    Megatron's GPTDataset with ``seed`` and ``num_samples`` = train_iters x global batch)."""
     import torch.distributed as dist
 
     from . import data
     from .launcher import device
-    inputs, labels = data.get_batch(tokens, iteration, cfg.global_batch(topo), cfg.seq_length, seed)
+    if cfg.data_path is None:
+        inputs, labels = data.get_batch(tokens, iteration, cfg.global_batch(topo), cfg.seq_length, seed)
+    else:
+        from .indexed_dataset import get_batch
+        inputs, labels = get_batch(cfg.data_path, iteration, cfg.global_batch(topo), cfg.seq_length,
+                                   seed, num_samples)
     dp_rank = topo.coords(dist.get_rank())["dp"]
     return [(x.to(device()), y.to(device()))
             for x, y in data.microbatches(inputs, labels, cfg.micro_batch_size, topo.dp, dp_rank)]
@@ -102,27 +128,30 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     import torch.distributed as dist
 
     from . import data
-    from .launcher import send_to_parent
+    from .expert_parallel.metrics import step_metrics
+    from .launcher import now, send_to_parent
     from .parallelize import dense_shards
 
     topo, groups, engine = build_rank(cfg, seed)
-    rank, tokens, gbs = dist.get_rank(), data.load_tokens(), cfg.global_batch(topo)
-    losses, norms, times, grads = [], [], [], {}
+    rank, gbs = dist.get_rank(), cfg.global_batch(topo)
+    tokens = data.load_tokens() if cfg.data_path is None else None   # else: cfg.data_path
+    losses, norms, times, grads, moe = [], [], [], {}, []
     for it in range(steps):
-        t0 = time.perf_counter()
-        mbs = rank_microbatches(cfg, topo, it, seed, tokens)
+        t0 = now()                                          # synchronizes a CUDA device first
+        mbs = rank_microbatches(cfg, topo, it, seed, tokens, num_samples=steps * gbs)
         loss, grad_norm = engine.step(mbs, capture_grads=capture_grads and it == 0)
-        times.append((time.perf_counter() - t0) * 1e3)   # loss and norm are on the host: work done
+        times.append((now() - t0) * 1e3)
         losses.append(loss)
         norms.append(grad_norm)
+        moe.append(step_metrics(engine.runner.chunks, groups, cfg, topo))   # None without MoE
         if capture_grads and it == 0:
             grads = dense_shards(engine, "grads")
         if rank == 0 and log_interval and ((it + 1) % log_interval == 0 or it + 1 == steps):
             send_to_parent(format_iteration(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs,
-                                            loss, grad_norm))
+                                            loss, grad_norm, moe[-1]))
     extra = {"coords": topo.coords(rank),
              "comm": {axis: g.stats.snapshot() for axis, g in groups.items()},
              # bytes of params/grads/optimizer held at the last step's gradient sync (data_parallel/)
              "memory": engine.dp.memory}
     return {"losses": losses, "grad_norms": norms, "iteration_ms": times, "extra": extra,
-            "grads": grads}
+            "grads": grads, "moe": moe if cfg.num_experts is not None else None}

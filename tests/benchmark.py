@@ -64,11 +64,14 @@ def notebook_times():
 
 
 def pytest_time():
+    """(seconds, summary line, the 25 slowest test phases as pytest reports them)."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadscope", "--nbval", "-q"],
-                         cwd=ROOT, capture_output=True, text=True)
-    tail = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]
-    return time.perf_counter() - t0, tail
+    out = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadscope", "--nbval", "-q",
+                          "--durations=25"], cwd=ROOT, capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    tail = lines[-1] if lines else out.stderr[-300:]
+    slow = [ln for ln in lines if ln[:1].isdigit() and "s " in ln and ("call" in ln or "setup" in ln)]
+    return time.perf_counter() - t0, tail, slow
 
 
 def main() -> int:
@@ -88,6 +91,7 @@ def main() -> int:
     if args.pytest:
         results["pytest"] = pytest_time()
         print(f"\nwhole pytest (-n 2 --nbval): {results['pytest'][0]:.0f} s ({results['pytest'][1]})")
+        print("slowest:\n" + "\n".join(results["pytest"][2]))
     out = ROOT / "bench_results"
     out.mkdir(exist_ok=True)
     (out / "benchmark.json").write_text(json.dumps(results, indent=1))

@@ -14,8 +14,8 @@ TINY = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, seq_leng
 @pytest.mark.parametrize("model_kw, par_kw, rule", [
     ({}, dict(world_size=6, tensor_model_parallel_size=4), r"world_size divisible by TP\*PP\*CP; 6"),
     ({}, dict(world_size=3, tensor_model_parallel_size=3), "num_attention_heads divisible by TP; 4 % 3"),
-    (dict(num_attention_heads=8, num_query_groups=2), dict(world_size=4, tensor_model_parallel_size=4),
-     "num_query_groups divisible by TP; 2 % 4"),
+    (dict(hidden_size=96, num_attention_heads=12, kv_channels=8, num_query_groups=3),
+     dict(world_size=4, tensor_model_parallel_size=4), "num_query_groups a multiple or a divisor of TP; 3 and 4"),
     ({}, dict(world_size=3, pipeline_model_parallel_size=3), "num_layers divisible by PP; 4 % 3"),
     (dict(num_layers=8), dict(world_size=2, pipeline_model_parallel_size=2,
                               num_layers_per_virtual_pipeline_stage=3), "per virtual stage; 4 % 3"),
@@ -57,7 +57,7 @@ def test_megatron_defaults_are_filled():
 
 # ----------------------------------------------------------------------------- batch
 def test_batch_math_seed_note_example():
-    # seed note 000: 4 GPUs of pure DP, micro batch 16, global batch 2048 -> 32 accumulation steps
+    # Megatron's batch rule: 4 GPUs of pure DP, micro batch 16, global batch 2048 -> 32 accumulation steps
     b = c.batch_math(TINY, ParallelConfig(world_size=4, micro_batch_size=16, global_batch_size=2048))
     assert (b["data_parallel_size"], b["num_microbatches"], b["gradient_accumulation_steps"]) == (4, 32, 32)
     assert b["tokens_per_step"] == 2048 * 32

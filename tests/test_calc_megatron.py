@@ -17,7 +17,7 @@ layers are held whole by each TP rank.
 Also checked once outside CI against Megatron itself (its parse_args + validate_args, then
 compute_weight_and_optimizer_memory, compute_activation_memory[_without_sp] and
 num_floating_point_operations, imported from a checkout of d98e8a64): identical floats for every
-layout below; it refuses what this file expects refused, except where an xfail below says.
+layout below; it refuses what this file expects refused.
 """
 import pytest
 
@@ -337,9 +337,6 @@ def test_heads_not_divisible_by_tp_is_refused_like_megatron():
             vocab_size=50257, micro_batch_size=1, tensor_model_parallel_size=2)
 
 
-@pytest.mark.xfail(strict=True, reason="labkit.calc.config.validate lacks Megatron's expert rule "
-                   "world_size % (ETP*EP*PP) == 0 (parallel_state.initialize_model_parallel); "
-                   "reported to the lead")
 def test_expert_grid_must_divide_the_world_like_megatron():
     with pytest.raises(ValueError):  # 8 % (2*8*1) != 0: Megatron raises RuntimeError
         est(8, **{**BASE, "num_experts": 8, "expert_model_parallel_size": 8,
@@ -350,18 +347,12 @@ SMALL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256
              micro_batch_size=1)
 
 
-@pytest.mark.xfail(strict=True, reason="labkit.calc.config.validate asks num_query_groups % TP == 0; "
-                   "Megatron (TransformerConfig.__post_init__ @ d98e8a64) accepts groups that are a "
-                   "multiple OR a divisor of TP (KV heads replicated); reported to the lead")
 def test_query_groups_dividing_tp_are_accepted_like_megatron():
     e = est(4, **SMALL, group_query_attention=True, num_query_groups=2, tensor_model_parallel_size=4)
     tp_sharded = (2 * (2 * 64 * 64 * 1.5 + 2 * 64 * 256) + 64 * 512) / 4   # vocab padded to 512
     assert e["weight_and_optimizer_bytes"] == (tp_sharded + 2 * 256 + 128) * 18 == 564480
 
 
-@pytest.mark.xfail(strict=True, reason="labkit.calc.config.validate asks EP | DP*CP; Megatron asks "
-                   "world_size % (ETP*EP*PP) == 0 (parallel_state.py @ d98e8a64), which differs when "
-                   "ETP != TP; reported to the lead")
 def test_expert_parallel_over_tp_ranks_with_etp1_is_accepted_like_megatron():
     e = est(8, **SMALL, num_experts=8, tensor_model_parallel_size=2, expert_model_parallel_size=8,
             expert_tensor_parallel_size=1)

@@ -68,6 +68,14 @@ def all_reduce_calls_the_collective(group, x):
     return comm.all_reduce(group, x)
 
 
+def all_gather_calls_torch(group, x):
+    import torch
+    import torch.distributed as dist
+    out = torch.empty(group.size * x.numel(), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(out, x, group=group.pg)
+    return out
+
+
 def all_gather_wrong_order(group, x):
     """Appends chunks in arrival order instead of placing them by source rank."""
     from labkit import comm
@@ -118,10 +126,12 @@ def test_correct_rings_pass(world, capsys):
 
 
 def test_wrong_sum_fails_and_names_the_element(capsys):
+    from labkit.check import reset_hints
+    reset_hints()
     result = C.ring_all_reduce(all_reduce_copies_instead_of_adding)
     assert not result
     assert "element" in result.message and "expected" in result.message
-    assert "ADDS" in result.hint
+    assert "the sums are wrong" in result.hint       # the first hint says what differs, not how
     assert "[check] FAIL ring_all_reduce" in capsys.readouterr().out
 
 
@@ -133,9 +143,31 @@ def test_all_reduce_that_is_not_a_ring_fails_on_bytes():
 
 
 def test_calling_the_collective_is_not_the_exercise():
+    # labkit.comm's collectives (and torch.distributed's) raise while the student's code runs
     result = C.ring_all_reduce(all_reduce_calls_the_collective)
     assert not result
-    assert "sent 0 bytes" in result.message and "all_reduce instead" in result.message, result.message
+    assert "your code called labkit's own implementation: labkit.comm.all_reduce is disabled" in result.message, \
+        result.message
+
+
+def test_calling_torch_distributed_is_not_the_exercise_either():
+    result = C.ring_all_gather(all_gather_calls_torch)
+    assert not result
+    assert "torch.distributed.all_gather_into_tensor is disabled" in result.message, result.message
+
+
+def test_hints_escalate_with_each_failure_of_the_same_function():
+    from labkit.check import reset_hints
+    reset_hints()
+    first, second, third, fourth = (C.ring_all_reduce(all_reduce_copies_instead_of_adding, world_size=2)
+                                    for _ in range(4))
+    assert first.hint.startswith("(1 of 3) the sums are wrong") and "ADD" not in first.hint, first.hint
+    assert second.hint.startswith("(2 of 3)") and "ADDS" in second.hint, second.hint
+    assert third.hint.startswith("(3 of 3)") and "chunk r-k-1" in third.hint, third.hint
+    assert fourth.hint == third.hint
+    assert C.ring_all_reduce(all_reduce_send_everything).hint.startswith("(1 of 2) too many"), \
+        "another function starts at hint 1"
+    reset_hints()
 
 
 def test_all_gather_wrong_order_is_named():
@@ -177,6 +209,6 @@ def test_sizes_the_ring_cannot_split_are_rejected():
 
 @pytest.mark.gpu(devices=2)
 def test_correct_rings_pass_on_nccl():
-    # with 2 GPUs labkit.launch picks NCCL: the check's inputs follow the rank's device
-    assert C.ring_all_reduce(ring_all_reduce_ok, world_size=2)
-    assert C.ring_all_gather(ring_all_gather_ok, world_size=2)
+    """The lab's rings (batched send_recv) on NCCL: the check's inputs follow the rank's device."""
+    assert C.ring_all_reduce(ring_all_reduce_ok, world_size=2, backend="nccl")
+    assert C.ring_all_gather(ring_all_gather_ok, world_size=2, backend="nccl")

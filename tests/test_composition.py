@@ -71,6 +71,22 @@ def test_every_parameter_gradient_equals_one_device(trained):
         assert_close(res.grads[pname], g, **GRAD, msg=lambda m: f"{name}, {pname}: {m}")
 
 
+def test_bytes_per_group_equal_calc(trained):
+    """What every rank sent on each group (labkit.comm's counters, 5 steps) equals
+    labkit.calc.composed.labkit_step_bytes for its pipeline and data-parallel rank, term by term."""
+    from labkit.calc.composed import labkit_step_bytes
+    name, (res, _) = trained
+    if res.config.effective_zero_stage > 1:
+        pytest.skip("labkit_step_bytes covers ZeRO up to stage 1; ZeRO-2/3 bytes: tests/test_zero.py")
+    model, par = res.config.megatron_view(res.world_size)
+    for r, rank in enumerate(res.ranks):
+        c = rank["coords"]
+        expected = labkit_step_bytes(model, par, c["pp"], bytes_per_element=8)
+        got = {g: {op: v["bytes"] / 5 for op, v in ops.items()} for g, ops in rank["comm"].items()
+               if ops and g in ("tp", "pp", "dp", "embd")}
+        assert got == expected, f"{name}, rank {r} {c}"
+
+
 def test_default_global_batch_is_the_same_in_train_and_reference():
     """Version 1's reference defaulted to one micro batch, labkit.train to micro batch x dp."""
     kw = dict(MODEL, num_layers=2, micro_batch_size=2)

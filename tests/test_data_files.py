@@ -1,6 +1,6 @@
 """The shipped data (data/): every file loads, has the documented shape, and agrees with its source.
 
-Values are checked against the seed notes they were copied from (named in data/README.md), and the
+Values are checked against the tutorial logs and tables they were copied from (named in data/README.md), and the
 corpus against the SHA-256 that data/README.md records, so an edit to either shows up here.
 No processes, no torch: tier-1 tests.
 """
@@ -53,7 +53,7 @@ def test_readme_field_parser_can_fail():
 
 
 # ---------------------------------------------------------------------------------------------
-# seed note 003: GPT-2 large on 2x H200, one strategy at a time
+# the tutorial's H200 runs: GPT-2 large on 2x H200, one strategy at a time
 # ---------------------------------------------------------------------------------------------
 STRATEGY_COLUMNS = ["strategy", "gpus", "tp", "pp", "cp", "dp", "sequence_parallel",
                     "micro_batch_size", "global_batch_size", "mem_gpu0_mib", "mem_gpu1_mib",
@@ -106,7 +106,7 @@ def test_strategies_record_the_corrections():
 
 
 # ---------------------------------------------------------------------------------------------
-# seed note 004: context parallelism, GPT-2 XL on 8x H100
+# the tutorial's CP table: context parallelism, GPT-2 XL on 8x H100
 # ---------------------------------------------------------------------------------------------
 CP_COLUMNS = ["row_id", "target", "model", "global_batch_size", "seq_length", "cp",
               "mem_gb_per_gpu", "step_ms", "oom"]
@@ -138,7 +138,7 @@ def test_cp_values_equal_seed_004():
 
 
 # ---------------------------------------------------------------------------------------------
-# seed note 003: verbatim Megatron log lines
+# the tutorial's verbatim Megatron log lines
 # ---------------------------------------------------------------------------------------------
 LINE = re.compile(
     r"^\[(?P<time>[\d\- :]+)\] iteration\s+(?P<it>\d+)/\s*(?P<total>\d+) \| "

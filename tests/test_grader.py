@@ -5,7 +5,8 @@ asks for: the student copy as handed out fails every exercise with the check's o
 the solutions written in, it passes all; forged (a check edited to print PASS, another deleted,
 the locked set-up cell edited to a permissive check) it fails them; a crash and a timeout are each
 reported for their own exercise while the next exercise is still graded. Kernel runs take ~2 s
-each (one kernel start); the whole file ~25 s on the 2-core machine.
+each (one kernel start); the whole file ~25 s on the 2-core machine, plus ~25 s for the same three
+runs on a real lab, solutions/interleaved-pipeline-lab.ipynb (marked slow).
 """
 import copy
 import csv
@@ -226,3 +227,66 @@ def test_validate_cli_reports_and_exits(master, tmp_path, capsys):
     nbformat.write(nb, student)
     assert main(["validate", str(student), "--master", str(MASTER)]) == 1
     assert "cell 4 (id double-stub): source differs from the master's" in capsys.readouterr().out
+
+
+# -- a real lab: the three runs of issue 13 on solutions/interleaved-pipeline-lab.ipynb -------------
+
+REAL = ROOT / "solutions" / "interleaved-pipeline-lab.ipynb"
+
+
+@pytest.mark.slow
+def test_a_real_lab_unmodified_fails_solved_passes_forged_fails(tmp_path):
+    """The cheapest lab with several exercises (3 exercises, 6 points; ~40 s: three kernels, one of
+    them running the whole solved lab). Unmodified: every exercise fails with the check's own
+    message; solved (each stub replaced by the master's solution): full points; forged (one check
+    edited to print PASS, another deleted): those exercises still fail."""
+    if not REAL.exists():
+        pytest.skip("no solutions/interleaved-pipeline-lab.ipynb")
+    master = nbformat.read(REAL, as_version=4)
+    solution = {c.metadata["labkit"]["exercise"]: c.source for c in master.cells
+                if c.metadata.get("labkit", {}).get("role") == "solution" and c.cell_type == "code"}
+    checks = {c.metadata["labkit"]["exercise"]: c.id for c in master.cells
+              if c.metadata.get("labkit", {}).get("role") == "check"}
+
+    def copy(name, edit=None):
+        path = tmp_path / name
+        notebooks.student_copy(REAL, path)
+        if edit:
+            nb = nbformat.read(path, as_version=4)
+            edit(nb)
+            nbformat.write(nb, path)
+        return path
+
+    def solve(nb):
+        for c in nb.cells:
+            if c.metadata.get("labkit", {}).get("role") == "stub":
+                c.source = solution[c.metadata["labkit"]["exercise"]]
+
+    def forge(nb):
+        for c in nb.cells:
+            if c.id == checks["interleaved"]:
+                c.source = 'print("[check] PASS interleaved: trust me")'
+        nb.cells = [c for c in nb.cells if c.id != checks["bubble"]]
+
+    subs = [copy("unmodified.ipynb"), copy("solved.ipynb", solve), copy("forged.ipynb", forge)]
+    out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", *map(str, subs), "--master",
+                          str(REAL), "--json", "--out", str(tmp_path / "grades")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 1, out.stderr
+    unmodified, solved, forged = (json.loads(line) for line in out.stdout.splitlines())
+    assert [x["id"] for x in solved["exercises"]] == ["interleaved", "bubble", "messages"]
+    assert (unmodified["points"], solved["points"], solved["max_points"]) == (0, 6, 6)
+    hints = {"interleaved": "the exercise is not written yet", "bubble": "replace None by a number",
+             "messages": "replace None by a number"}
+    for x in unmodified["exercises"]:
+        assert x["status"] == "fail" and hints[x["id"]] in x["message"], x
+    assert all(x["status"] == "pass" for x in solved["exercises"])
+    f = _by_id(forged)
+    assert forged["points"] == 0 and "trust me" not in json.dumps(forged)
+    assert f["interleaved"]["status"] == "fail" and "NotImplementedError" in f["interleaved"]["message"]
+    assert f["bubble"]["status"] == "fail" and "no prediction given" in f["bubble"]["message"]
+    rows = list(csv.reader(open(tmp_path / "grades" / "interleaved-pipeline-lab.csv")))
+    assert rows[0] == ["submission", "interleaved", "bubble", "messages", "points", "max_points"]
+    assert [r[1:] for r in rows[1:]] == [["0", "0", "0", "0", "6"], ["3", "1", "2", "6", "6"],
+                                         ["0", "0", "0", "0", "6"]]
+    print("".join(open(tmp_path / "grades" / "interleaved-pipeline-lab.csv")))

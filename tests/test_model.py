@@ -19,7 +19,7 @@ def test_model_imports_no_torch_distributed():
 @pytest.mark.parametrize("name,expected", [
     # HF GPT-2 counts (vocab 50257) plus Megatron's padding to 50304: 47 extra rows of h
     ("gpt2", 124_439_808 + 47 * 768),
-    ("gpt2-large", 774_030_080 + 47 * 1280),  # "0.77 B" in seed note 003's Megatron log
+    ("gpt2-large", 774_030_080 + 47 * 1280),  # "0.77 B" in the tutorial's Megatron log (data/)
     ("gpt2-xl", 1_557_611_200 + 47 * 1600),
 ])
 def test_preset_parameter_counts(name, expected):

@@ -76,3 +76,48 @@ def test_order_mismatch_is_reported():
 def test_message_names():
     assert str(Message("F", 3, 1)) == "activation into stage 3, mb 1"
     assert str(Message("B", 0, 2)) == "gradient of stage 0, mb 2"
+
+
+def _record_exchanges(schedule_name: str):
+    """Run one PP step on this rank, recording every p2p call the executor makes."""
+    import torch.distributed as dist
+
+    from labkit import comm, data
+    from labkit.config import TrainConfig
+    from labkit.training import build_rank, rank_microbatches
+    cfg = TrainConfig(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16, micro_batch_size=1,
+                      global_batch_size=4, pipeline_model_parallel_size=2,
+                      num_layers_per_virtual_pipeline_stage=1 if schedule_name == "interleaved" else None)
+    topo, groups, engine = build_rank(cfg, 0)
+    calls, real = [], comm.exchange
+
+    def recording(group, sends=(), recvs=(), device=None):
+        calls.append(([(dst, tuple(name)) for _, dst, name in sends], [(src, tuple(name)) for src, name, *_ in recvs]))
+        return real(group, sends, recvs, device)
+
+    def unbatched(*args, **kwargs):
+        raise AssertionError("an unbatched p2p call: NCCL would pair it by order with anything")
+    comm.exchange = recording
+    saved = {n: getattr(dist, n) for n in ("send", "recv")}   # blocking, unbatched: never used
+    for n in saved:
+        setattr(dist, n, unbatched)
+    try:
+        engine.step(rank_microbatches(cfg, topo, 0, 0, data.load_tokens()))
+    finally:
+        comm.exchange = real
+        for n, f in saved.items():
+            setattr(dist, n, f)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved"])
+def test_the_executor_runs_exactly_the_planned_batches(name):
+    """Tier 2: the pipeline's p2p calls are the plan's steps, in order, each one batch."""
+    import labkit
+    from labkit.pipeline_parallel.executor import _meta
+    sched = S.one_f_one_b(2, 4) if name == "1f1b" else S.interleaved(2, 2, 4)
+    planned = plan(sched)
+    for r, calls in enumerate(labkit.launch(_record_exchanges, 2, name)):
+        expected = [([(q, _meta(m)) for q, m in st.sends], [(q, _meta(m)) for q, m in st.recvs])
+                    for st in planned[r]]
+        assert calls == expected, f"rank {r}"

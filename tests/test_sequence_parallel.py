@@ -80,7 +80,7 @@ def test_sequence_range_and_rule():
     assert [sequence_range(16, r, 4) for r in range(4)] == [(0, 4), (4, 8), (8, 12), (12, 16)]
     with pytest.raises(ValueError, match="seq_length 30 is not divisible by tensor_model_parallel_size 4"):
         sequence_range(30, 0, 4)
-    with pytest.raises(ValueError, match="= 30 is not divisible by tensor_model_parallel_size 4"):
+    with pytest.raises(ValueError, match=r"rule: with sequence_parallel, seq_length / CP divisible by TP.*30 / 1 % 4 != 0"):
         TrainConfig(seq_length=30, tensor_model_parallel_size=4, sequence_parallel=True).validate(4)
 
 

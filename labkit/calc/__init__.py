@@ -9,6 +9,7 @@ Runs in the notebooks and, unchanged, in the browser (Pyodide) on the static cal
     megatron    megatron_estimate: Megatron-LM's own memory and FLOPs numbers, exactly
     flops       model FLOPs (MFU) and the 2021 paper's count with recompute (HFU)
     comm        bytes per rank per collective and per strategy; alpha-beta times
+    moe         MoE arguments (MoEArgs), the layer pattern, expert capacity (get_capacity)
     pipeline    bubble_fraction(p, m, v=1) = (p-1)/(v*m); pipeline_layer_ranges (uneven splits)
     hardware    GPUs and clusters (peak FLOP/s, memory, bandwidths)
     perf        step_time: per-stage compute, pipeline fill/drain, exposed TP/PP/CP/EP/DP comm, optimizer
@@ -20,10 +21,10 @@ Runs in the notebooks and, unchanged, in the browser (Pyodide) on the static cal
     report      the calculators' forms and HTML answers (labkit.widgets and the static page)
     cli         python -m labkit estimate (Megatron's flags) / plan
 """
-from . import comm
+from . import comm, moe
 from .batch import batch_math
 from .comm import (all_gather_bytes, all_to_all_bytes, alpha_beta_time, collective_time,
-                   cp_layer_bytes, dp_step_bytes, ep_layer_bytes, pp_step_bytes,
+                   cp_attention_bytes, cp_layer_bytes, dp_step_bytes, ep_layer_bytes, pp_step_bytes,
                    reduce_scatter_bytes, ring_all_reduce_bytes, tp_layer_bytes)
 from .config import (FP32, MIXED_16, MIXED_18, PRECISIONS, ModelConfig, ParallelConfig,
                      PrecisionConfig, num_microbatches, validate)
@@ -48,8 +49,8 @@ __all__ = [
     "active_params", "model_flops_per_iteration", "model_flops_per_token",
     "paper_flops_per_iteration", "utilization", "mfu", "ring_all_reduce_bytes",
     "all_gather_bytes", "reduce_scatter_bytes", "all_to_all_bytes", "dp_step_bytes",
-    "tp_layer_bytes", "pp_step_bytes", "cp_layer_bytes", "ep_layer_bytes", "alpha_beta_time",
-    "collective_time", "comm", "bubble_fraction", "pipeline_layer_ranges", "OverlapConfig",
+    "tp_layer_bytes", "pp_step_bytes", "cp_attention_bytes", "cp_layer_bytes", "ep_layer_bytes", "alpha_beta_time",
+    "collective_time", "comm", "moe", "bubble_fraction", "pipeline_layer_ranges", "OverlapConfig",
     "MEGATRON_DEFAULTS", "MEGATRON_2021", "MEGATRON_TUNED", "model_flops", "attention_score_flops", "GPU", "Cluster", "GPUS",
     "CLUSTERS", "cluster", "step_time", "plan", "explain", "min_nodes", "MODELS", "model",
 ]

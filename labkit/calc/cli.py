@@ -152,20 +152,22 @@ def plan_main(argv=None) -> int:
     ap.add_argument("--global-batch-size", type=int, required=True)
     ap.add_argument("--seq-length", type=int, default=None)
     ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--context-parallel-sizes", type=int, nargs="+", default=[1],
+                    help="CP sizes to search (default: 1, no context parallelism)")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         m = model(args.model)
         if args.seq_length:
             m = m.with_(seq_length=args.seq_length)
         c = cluster(args.cluster, args.nodes)
-        result = plan(m, c, args.global_batch_size)
+        result = plan(m, c, args.global_batch_size, context_parallel_sizes=tuple(args.context_parallel_sizes))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{len(result['ranked'])} layouts fit, {result['too_big']} do not fit, "
           f"{result['invalid']} break a rule")
     for r in result["ranked"][: args.top]:
-        print(f"TP={r['tp']} PP={r['pp']} DP={r['dp']} mb={r['micro_batch_size']} "
+        print(f"TP={r['tp']} PP={r['pp']} CP={r['cp']} DP={r['dp']} mb={r['micro_batch_size']} "
               f"recompute={r['recompute']}: {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']:.1%}, "
               f"{r['peak_memory_gib']:.1f} GiB")
     for line in explain(result, c):

@@ -126,21 +126,63 @@ def pp_step_bytes(seq_length, micro_batch_size, hidden_size, num_microbatches, p
             "send_backward": float(num_microbatches * k_bwd * n_bytes)}
 
 
-def cp_layer_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_per_element=4) -> dict:
-    """Bytes one CP rank sends per layer per microbatch in ring attention (no chapter yet; glossary "CP").
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")  # Megatron's TransformerConfig.cp_comm_type (no "a2a+p2p")
+CP_COMM_ALIASES = {"allgather": "all_gather"}  # the spelling of --cp-comm-type's help text
 
-    Each rank holds s/cp tokens; the forward passes its K and V chunks (2 * s/cp * b * kv_hidden)
-    cp-1 hops round the ring; the backward passes K, V again and their gradients dK, dV: 3x the
-    forward. ``kv_hidden_size`` = kv_channels * num_query_groups (= h without GQA).
+
+def cp_attention_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_per_element=4,
+                       cp_comm_type="p2p", hidden_size=None) -> dict:
+    """Bytes one CP rank sends in one layer's attention per microbatch, {"forward": {op: bytes},
+    "backward": {op: bytes}} (chapter "Context parallelism"; labkit/context_parallel/).
+
+    Sizes are per TP rank: ``kv_hidden_size`` = kv_channels * num_query_groups / t (h/t without
+    GQA), ``hidden_size`` = the queries' width h/t (default: kv_hidden_size). A rank holds s/c
+    tokens; its K and V are kv = 2 * s/c * b * kv_hidden * bytes.
+
+    - "p2p" (ring): forward c-1 sends of K/V; backward c-1 sends of K/V (not kept from the forward)
+      and c-1 sends of the dK/dV accumulators            {"send_recv": (c-1) kv | 2 (c-1) kv}
+    - "all_gather": forward all-gathers K/V (N = c kv gathered); backward gathers them again and
+      reduce-scatters dK/dV                               (c-1)/c N each: the ring's bytes
+    - "a2a" (Ulysses): q, k, v go out in an all-to-all, the output comes back in another; the
+      backward moves their gradients: {"all_to_all": (c-1)/c * s/c * b * (2 hq + 2 hkv) * bytes}
+      each way.
+    For a fixed s the ring's total 3 (c-1) kv = 6 (c-1)/c * s b hkv bytes hardly changes with c;
+    the all-to-alls' falls as 1/c (Jacobs et al. 2023).
     """
     _check_group(cp)
-    kv_chunk = 2 * (seq_length / cp) * micro_batch_size * kv_hidden_size * bytes_per_element
-    return {"send_recv": 3.0 * (cp - 1) * kv_chunk}
+    cp_comm_type = CP_COMM_ALIASES.get(cp_comm_type, cp_comm_type)
+    if cp_comm_type not in CP_COMM_TYPES:
+        raise ValueError(f"cp_comm_type must be one of {CP_COMM_TYPES}, got {cp_comm_type!r}")
+    hq = kv_hidden_size if hidden_size is None else hidden_size
+    tokens = seq_length / cp * micro_batch_size
+    kv = 2 * tokens * kv_hidden_size * bytes_per_element
+    if cp_comm_type == "p2p":                               # every formula is 0 when c = 1
+        return {"forward": {"send_recv": (cp - 1) * kv}, "backward": {"send_recv": 2.0 * (cp - 1) * kv}}
+    if cp_comm_type == "all_gather":
+        gathered = all_gather_bytes(cp * kv, cp)
+        return {"forward": {"all_gather": gathered},
+                "backward": {"all_gather": gathered, "reduce_scatter": reduce_scatter_bytes(cp * kv, cp)}}
+    moved = all_to_all_bytes(tokens * (2 * hq + 2 * kv_hidden_size) * bytes_per_element, cp)
+    return {"forward": {"all_to_all": moved}, "backward": {"all_to_all": moved}}
+
+
+def cp_layer_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_per_element=4,
+                   cp_comm_type="p2p", hidden_size=None) -> dict:
+    """Bytes one CP rank sends per layer per microbatch, forward + backward, by op: the sum of
+    :func:`cp_attention_bytes`. Ring attention (Megatron's default "p2p") passes K/V c-1 hops
+    forward and K/V plus dK/dV c-1 hops backward: {"send_recv": 3 (c-1) kv}."""
+    parts = cp_attention_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_per_element,
+                               cp_comm_type, hidden_size)
+    total: dict = {}
+    for phase in parts.values():
+        for op, b in phase.items():
+            total[op] = total.get(op, 0.0) + b
+    return total
 
 
 def ep_layer_bytes(seq_length, micro_batch_size, hidden_size, ep, moe_router_topk=1,
                    bytes_per_element=4) -> dict:
-    """Bytes one EP rank sends per MoE layer per microbatch (no chapter yet; glossary "EP").
+    """Bytes one EP rank sends per MoE layer per microbatch (chapter "Expert parallelism").
 
     The rank's s*b tokens, each copied to its top-k experts (N = s*b*k*h*bytes), go out in an
     all-to-all (dispatch) and come back in another (combine); the backward repeats both for the
@@ -148,6 +190,37 @@ def ep_layer_bytes(seq_length, micro_batch_size, hidden_size, ep, moe_router_top
     """
     n_bytes = seq_length * micro_batch_size * moe_router_topk * hidden_size * bytes_per_element
     return {"all_to_all": 4 * all_to_all_bytes(n_bytes, ep)}
+
+
+def expert_tp_layer_bytes(seq_length, micro_batch_size, hidden_size, etp, moe_router_topk=1,
+                          bytes_per_element=4) -> dict:
+    """Bytes one rank sends per MoE layer per microbatch over the expert-tensor-parallel group
+    (``expert_tensor_parallel_size`` etp > 1, chapter "Expert parallelism"), balanced router: the
+    N = s b k h bytes of rows it holds after the all-to-all are all-gathered to the etp ranks (each
+    computes every row on its slice of the expert) and the partial outputs reduce-scattered back;
+    the backward does the conjugates. Unlike EP's (ep - 1)/ep, this grows with etp - 1."""
+    n_bytes = seq_length * micro_batch_size * moe_router_topk * hidden_size * bytes_per_element
+    return {"all_gather": 2.0 * (etp - 1) * n_bytes, "reduce_scatter": 2.0 * (etp - 1) * n_bytes}
+
+
+def ep_routed_bytes(rows_to_others, rows_from_others, hidden_size, bytes_per_element=4) -> dict:
+    """Bytes one EP rank sends per MoE layer per microbatch for the rows it really routes (chapter
+    "Expert parallelism"): its rows to other ranks (dispatch), the rows it received going back
+    (combine), and the same two again as gradients in the backward. A balanced router gives
+    ``ep_layer_bytes``; an imbalanced one makes some ranks send (and receive) more."""
+    return {"all_to_all": 2.0 * (rows_to_others + rows_from_others) * hidden_size * bytes_per_element}
+
+
+def ep_allgather_layer_bytes(seq_length, micro_batch_size, hidden_size, num_experts, n,
+                             bytes_per_element=4) -> dict:
+    """Bytes one rank sends per MoE layer per microbatch with the all-gather dispatcher over n
+    ranks (etp x ep; Megatron's ``MoEAllGatherTokenDispatcher``). Forward: all-gather the tokens
+    [T, h], the probabilities [T, E] and the 1-byte routing map, reduce-scatter the output [n T, h];
+    backward: reduce-scatter the token and probability gradients, all-gather the output's."""
+    t = seq_length * micro_batch_size
+    tokens, probs, routing_map = t * hidden_size * bytes_per_element, t * num_experts * bytes_per_element, t * num_experts
+    return {"all_gather": (n - 1) * (tokens + probs + routing_map + tokens),
+            "reduce_scatter": (n - 1) * (tokens + tokens + probs)}
 
 
 # --------------------------------------------------------------------------- time on a link

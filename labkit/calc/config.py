@@ -6,13 +6,17 @@ each kind of tensor takes. Field names are Megatron-LM's (``--num-layers`` -> ``
 defaults are filled in the way ``megatron/training/arguments.py`` fills them (ffn 4h, or
 int(8h/3/64)*64 with SwiGLU; kv_channels h/a; MoE ffn = ffn).
 
-``validate(model, parallel)`` applies Megatron's rules; each broken rule is a ``ValueError`` that
-names the rule and the numbers. Pure Python: runs in the browser too (Pyodide).
+``validate(model, parallel)`` applies Megatron's rules (``rules.py``, the one rule book, in Megatron's
+order); each broken rule is a ``ValueError`` that names the rule and the numbers. Pure Python: runs
+in the browser too (Pyodide).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+from .moe import checked_layer_freq, moe_layer_pattern
+from .rules import validate, virtual_pipeline_size  # noqa: F401 - the rule book, re-exported
 
 
 def _pos_int(name, value, allow_none=False):
@@ -44,15 +48,17 @@ class ModelConfig:
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int | None = None     # None = ffn_hidden_size
     moe_shared_expert_intermediate_size: int | None = None
-    moe_layer_freq: int = 1                    # every k-th layer is MoE
+    moe_layer_freq: int | tuple = 1            # every k-th layer is MoE, or a 0/1 pattern per layer
+    max_position_embeddings: int | None = None  # None = seq_length (labkit's model has no more)
     name: str = ""
 
     def __post_init__(self):
         for f in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
-                  "make_vocab_size_divisible_by", "moe_router_topk", "moe_layer_freq"):
+                  "make_vocab_size_divisible_by", "moe_router_topk"):
             _pos_int(f, getattr(self, f))
+        object.__setattr__(self, "moe_layer_freq", checked_layer_freq(self.moe_layer_freq, self.num_layers))
         for f in ("num_query_groups", "ffn_hidden_size", "kv_channels", "num_experts",
-                  "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+                  "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "max_position_embeddings"):
             _pos_int(f, getattr(self, f), allow_none=True)
         if self.normalization not in ("LayerNorm", "RMSNorm"):
             raise ValueError(f"normalization must be LayerNorm or RMSNorm, got {self.normalization!r}")
@@ -91,7 +97,7 @@ class ModelConfig:
         """1 for each MoE layer, 0 for dense (Megatron's ``moe_layer_freq`` pattern)."""
         if self.num_experts is None:
             return [0] * self.num_layers
-        return [1 if i % self.moe_layer_freq == 0 else 0 for i in range(self.num_layers)]
+        return moe_layer_pattern(self.moe_layer_freq, self.num_layers)
 
     def with_(self, **changes) -> "ModelConfig":
         return replace(self, **changes)
@@ -111,12 +117,14 @@ class ParallelConfig:
     num_layers_per_virtual_pipeline_stage: int | None = None
     context_parallel_size: int = 1
     expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None   # None = TP (Megatron's default)
     sequence_parallel: bool = False
     micro_batch_size: int = 1
     global_batch_size: int | None = None
     use_distributed_optimizer: bool = False
     zero_stage: int = 0
     recompute_granularity: str | None = None   # None, "selective" or "full"
+    overlap_p2p_comm: bool = True              # Megatron's default; off, interleaving needs PP > 2
     # uneven pipeline splits (Megatron-LM arguments.py / TransformerConfig; pipeline.pipeline_layer_ranges)
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
@@ -130,6 +138,7 @@ class ParallelConfig:
         _pos_int("num_layers_per_virtual_pipeline_stage",
                  self.num_layers_per_virtual_pipeline_stage, allow_none=True)
         _pos_int("global_batch_size", self.global_batch_size, allow_none=True)
+        _pos_int("expert_tensor_parallel_size", self.expert_tensor_parallel_size, allow_none=True)
         _pos_int("decoder_first_pipeline_num_layers", self.decoder_first_pipeline_num_layers, allow_none=True)
         _pos_int("decoder_last_pipeline_num_layers", self.decoder_last_pipeline_num_layers, allow_none=True)
         if self.zero_stage not in (0, 1, 2, 3):
@@ -152,6 +161,10 @@ class ParallelConfig:
     def cp(self): return self.context_parallel_size
     @property
     def ep(self): return self.expert_model_parallel_size
+    @property
+    def etp(self): return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
+    @property
+    def edp(self): return self.world_size // (self.etp * self.ep * self.pp)  # expert-DP (RankGenerator)
     @property
     def dp(self) -> int:
         """data_parallel_size = world_size / (TP * PP * CP), as in Megatron's arguments.py."""
@@ -201,85 +214,6 @@ MIXED_18 = PrecisionConfig()
 MIXED_16 = PrecisionConfig(2, 2, 12, 2, "bf16 + bf16 grads (ZeRO paper)")
 FP32 = PrecisionConfig(4, 4, 8, 4, "fp32 (labs)")
 PRECISIONS = {"mixed18": MIXED_18, "mixed16": MIXED_16, "fp32": FP32}
-
-
-def virtual_pipeline_size(model: ModelConfig, par: ParallelConfig) -> int:
-    """v = (layer slots per stage) / (layers per virtual stage); 1 without interleaving.
-
-    Slots: the layers plus one for the embedding / the loss when ``account_for_*`` is set
-    (Megatron arguments.py adds them before dividing by PP)."""
-    if par.num_layers_per_virtual_pipeline_stage is None:
-        return 1
-    slots = (model.num_layers + int(par.account_for_embedding_in_pipeline_split)
-             + int(par.account_for_loss_in_pipeline_split))
-    return (slots // par.pp) // par.num_layers_per_virtual_pipeline_stage
-
-
-def _check_pipeline_split(model: ModelConfig, par: ParallelConfig):
-    """Megatron's rules for splitting the layers over PP (and v) stages, even or uneven."""
-    from .pipeline import pipeline_layer_ranges, uneven_split_hint
-    pp, vl = par.pp, par.num_layers_per_virtual_pipeline_stage
-    if not par.uneven_pipeline:
-        if model.num_layers % pp:
-            raise ValueError(f"rule: num_layers divisible by PP; {model.num_layers} % {pp} != 0"
-                             + uneven_split_hint(model.num_layers, pp))
-        return
-    if (par.decoder_first_pipeline_num_layers or par.decoder_last_pipeline_num_layers) and vl is not None:
-        raise ValueError("rule: with decoder_first/last_pipeline_num_layers give the virtual size with "
-                         "num_virtual_stages_per_pipeline_rank, not num_layers_per_virtual_pipeline_stage "
-                         "(Megatron arguments.py); labkit does not model that combination")
-    pipeline_layer_ranges(model.num_layers, pp, virtual_pipeline_size(model, par) if vl else 1,
-                          par.decoder_first_pipeline_num_layers, par.decoder_last_pipeline_num_layers,
-                          par.account_for_embedding_in_pipeline_split, par.account_for_loss_in_pipeline_split)
-
-
-def validate(model: ModelConfig, par: ParallelConfig) -> list:
-    """Raise ValueError for the first broken Megatron rule; return a list of warnings."""
-    tp, pp, cp, ep, dp = par.tp, par.pp, par.cp, par.ep, par.dp
-    if model.num_attention_heads % tp:
-        raise ValueError(f"rule: num_attention_heads divisible by TP; "
-                         f"{model.num_attention_heads} % {tp} != 0")
-    if model.query_groups % tp:
-        raise ValueError(f"rule: num_query_groups divisible by TP; {model.query_groups} % {tp} != 0")
-    for name in ("ffn_hidden_size", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
-        size = getattr(model, name)
-        if size is not None and size % tp:
-            raise ValueError(f"rule: {name} divisible by TP (column-parallel fc1); {size} % {tp} != 0")
-    _check_pipeline_split(model, par)
-    vl = par.num_layers_per_virtual_pipeline_stage
-    if vl is not None:
-        if pp == 1:
-            raise ValueError(f"rule: the interleaved schedule needs PP > 1; "
-                             f"num_layers_per_virtual_pipeline_stage={vl} with PP=1")
-        slots = (model.num_layers + int(par.account_for_embedding_in_pipeline_split)
-                 + int(par.account_for_loss_in_pipeline_split))
-        if (slots // pp) % vl:
-            raise ValueError(f"rule: layers per pipeline stage divisible by layers per virtual "
-                             f"stage; {slots // pp} % {vl} != 0")
-    mb = par.micro_batch_size
-    if par.gbs % (mb * dp):
-        raise ValueError(f"rule: global_batch_size divisible by micro_batch_size * DP; "
-                         f"{par.gbs} % ({mb} * {dp}) != 0")
-    m = par.gbs // (mb * dp)
-    if vl is not None and virtual_pipeline_size(model, par) > 1 and m % pp:
-        raise ValueError(f"rule: with interleaving, num_microbatches divisible by PP; "
-                         f"{m} % {pp} != 0")
-    if cp > 1 and model.seq_length % (2 * cp):
-        raise ValueError(f"rule: seq_length divisible by 2*CP; {model.seq_length} % {2 * cp} != 0")
-    if ep > 1 and model.num_experts is None:
-        raise ValueError(f"rule: expert_model_parallel_size > 1 needs num_experts; EP={ep}")
-    if model.num_experts is not None and model.num_experts % ep:
-        raise ValueError(f"rule: num_experts divisible by EP; {model.num_experts} % {ep} != 0")
-    if ep > 1 and (dp * cp) % ep:
-        raise ValueError(f"rule: EP divides DP*CP (experts are spread over data-parallel ranks); "
-                         f"{dp}*{cp} % {ep} != 0")
-    warnings = []
-    if par.sequence_parallel and tp == 1:
-        warnings.append("sequence_parallel with TP=1 is a no-op (Megatron turns it off)")
-    if vl is not None and virtual_pipeline_size(model, par) == 1:
-        warnings.append("num_layers_per_virtual_pipeline_stage equals the layers per stage: "
-                        "v=1, no interleaving")
-    return warnings
 
 
 def num_microbatches(model: ModelConfig, par: ParallelConfig) -> int:

@@ -48,9 +48,12 @@ def megatron_kwargs(model: ModelConfig, par: ParallelConfig) -> dict:
     if model.num_query_groups is not None:
         kw.update(group_query_attention=True, num_query_groups=model.num_query_groups)
     if model.num_experts is not None:
+        freq = model.moe_layer_freq
         kw.update(num_experts=model.num_experts, moe_router_topk=model.moe_router_topk,
-                  moe_ffn_hidden_size=model.moe_ffn_hidden_size, moe_layer_freq=model.moe_layer_freq,
-                  moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size)
+                  moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+                  moe_layer_freq=freq if isinstance(freq, int) else list(freq),
+                  moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size,
+                  expert_tensor_parallel_size=par.etp, add_bias_linear=model.add_bias_linear)
     return kw
 
 

@@ -62,7 +62,6 @@ NOT_COVERED = {
     "expert_tensor_parallel_num_weight_shards": "generalized TP weight shards (GTP remat)",
     "rampup_batch_size": "a batch-size ramp-up (microbatches change during the run)",
     "step_batch_size_schedule": "a batch-size schedule (microbatches change during the run)",
-    "overlap_p2p_comm": "interleaving without p2p overlap (Megatron then needs PP > 2)",
 }
 
 
@@ -112,8 +111,6 @@ def _harmless(name: str, value, kw: dict) -> bool:
     if name == "expert_tensor_parallel_num_weight_shards":
         return value in (None, kw.get("expert_tensor_parallel_size")
                          or kw.get("tensor_model_parallel_size", 1))
-    if name == "overlap_p2p_comm":
-        return value is True or not interleaved
     return value is None or value is False
 
 
@@ -168,9 +165,6 @@ def megatron_args(world_size: int, **kwargs) -> SimpleNamespace:
     if a.max_position_embeddings is None:
         a.max_position_embeddings = a.seq_length
         a.notes.append("max_position_embeddings not given (Megatron requires it): seq_length used")
-    elif a.max_position_embeddings < a.seq_length:
-        raise ValueError(f"max_position_embeddings ({a.max_position_embeddings}) must be greater "
-                         f"than or equal to seq_length ({a.seq_length}).")
     if a.num_experts == 0:
         a.num_experts = None
     _argument_asserts(a)
@@ -248,16 +242,18 @@ def _rule_book(a):
         num_experts=a.num_experts, moe_router_topk=a.moe_router_topk,
         moe_ffn_hidden_size=a.moe_ffn_hidden_size,
         moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size,
-        moe_layer_freq=a.moe_layer_freq if isinstance(a.moe_layer_freq, int) else 1)
+        max_position_embeddings=a.max_position_embeddings,
+        moe_layer_freq=a.moe_layer_freq if isinstance(a.moe_layer_freq, int) else tuple(a.moe_layer_freq))
     par = ParallelConfig(
         world_size=a.world_size, tensor_model_parallel_size=a.tensor_model_parallel_size,
         pipeline_model_parallel_size=a.pipeline_model_parallel_size,
         context_parallel_size=a.context_parallel_size,
         expert_model_parallel_size=a.expert_model_parallel_size,
+        expert_tensor_parallel_size=a.expert_tensor_parallel_size,
         num_layers_per_virtual_pipeline_stage=a.num_layers_per_virtual_pipeline_stage,
         sequence_parallel=a.sequence_parallel, micro_batch_size=a.micro_batch_size,
         global_batch_size=a.global_batch_size, use_distributed_optimizer=a.use_distributed_optimizer,
-        recompute_granularity=a.recompute_granularity,
+        recompute_granularity=a.recompute_granularity, overlap_p2p_comm=a.overlap_p2p_comm,
         **{k: getattr(a, k) for k in _UNEVEN})
     validate(model, par)
     return model, par

@@ -282,7 +282,8 @@ ESTIMATE_DEFAULTS = dict(
     sequence_parallel=False, recompute_granularity=None, recompute_activations=False, attention_output_gate=False,
     position_embedding_type='learned_absolute', max_position_embeddings=None, use_megatron_fsdp=False,
     megatron_fsdp_version=1, decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None,
-    account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False)
+    account_for_embedding_in_pipeline_split=False, account_for_loss_in_pipeline_split=False,
+    overlap_p2p_comm=True)
 
 CHOICES = dict(
     normalization=['LayerNorm', 'RMSNorm'], recompute_granularity=['full', 'selective'],

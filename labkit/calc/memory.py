@@ -3,7 +3,8 @@
 Chapter "Why parallelism: memory and compute". This is labkit's own, fuller model; Megatron-LM's
 own estimate is reproduced exactly in ``megatron.py`` and the chapter explains the differences:
 here activations are divided by CP, optimizer states (and with ZeRO-2/3 gradients and
-parameters) are sharded over DP*CP, expert parameters over EP, every stage is computed (the first
+parameters) are sharded over DP*CP, expert parameters over EP x ETP and their ZeRO shards over the
+expert-data-parallel ranks world / (ETP x EP x PP), as Megatron's storage classes, every stage is computed (the first
 holds the most in-flight microbatches, first/last hold the embeddings), and recompute may be
 none, selective or full.
 """
@@ -88,6 +89,18 @@ def layer_activation_bytes(model: ModelConfig, par: ParallelConfig, bytes_act=2,
     return s * b * per_token
 
 
+def cp_layer_activation_bytes(model: ModelConfig, par: ParallelConfig, cp_comm_type="p2p", bytes_act=2,
+                              dropout=True) -> float:
+    """Activation bytes one layer keeps on one rank under labkit's context parallelism (chapter
+    "Context parallelism"): ``layer_activation_bytes`` on s/c tokens with the attention term of the
+    kernel each comm type runs. The ring ("p2p") and "all_gather" attend block by block and keep,
+    like a flash kernel, only the output and the log-sum-exp ("flash": never the s/c x s scores);
+    "a2a" (and CP 1) run labkit's dense attention over the full sequence for a/c heads, whose
+    softmax is a*s per local token ("math"). Megatron runs fused (flash) kernels in every case."""
+    attention = "math" if par.cp == 1 or cp_comm_type == "a2a" else "flash"
+    return layer_activation_bytes(model, par, bytes_act, dropout, attention)
+
+
 def in_flight_microbatches(model: ModelConfig, par: ParallelConfig, stage: int) -> float:
     """Microbatches (in units of a full stage's layers) whose activations a stage holds at peak.
 
@@ -108,7 +121,8 @@ def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: Precisi
     """Bytes on one GPU of each pipeline stage: params, grads, optimizer, activations, total.
 
     ZeRO stage (``zero_stage``, or 1 for ``use_distributed_optimizer``) shards over DP*CP for
-    dense parameters and over DP*CP/EP for expert parameters (each expert lives on DP*CP/EP ranks).
+    dense parameters and over the expert-data-parallel size world / (ETP*EP*PP) for the routed
+    experts (the ranks holding the same expert shard; Megatron's expert RankGenerator).
     Activations: in-flight microbatches x layers on the stage x ``layer_activation_bytes``; the
     first stage adds the embedding dropout mask, the last the final norm's input and output and
     the fp32 log-softmax of the logits (the cross-entropy), for one microbatch: with 16-bit
@@ -123,7 +137,7 @@ def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: Precisi
     for stage in range(par.pp):
         c = stage_params(model, par, stage)
         d = zero_memory_per_rank(c["dense"], dp_cp, stage_zero, bp, bg, bo)
-        e = zero_memory_per_rank(c["expert"], max(1, dp_cp // par.ep), stage_zero, bp, bg, bo)
+        e = zero_memory_per_rank(c["expert"], par.edp, stage_zero, bp, bg, bo)
         layers = model.num_layers // par.pp
         act = layers * layer_activation_bytes(model, par, precision.bytes_activation, dropout,
                                               attention) * in_flight_microbatches(model, par, stage)

@@ -12,6 +12,11 @@ and ``--tp-comm-overlap`` are off unless given (arguments.py, model_parallel_con
   sends 1/t of the activation between pipeline stages and the next stage all-gathers it over
   NVLink. Megatron-LM today sends the sequence-parallel shard instead, which is the same 1/t
   when SP is on; without SP every TP rank sends the whole activation.
+- ``blocking_p2p``: DeepSpeed's pipeline engine runs its instructions one after another
+  (``PipelineEngine._exec_schedule``) with synchronous sends and receives (``runtime/pipe/p2p.py``
+  asserts ``async_op == False``; deepspeedai/DeepSpeed at edaa7221), so a middle stage waits for
+  four transfers per microbatch (receive and send the activation, receive and send its gradient);
+  Megatron batches a send with the opposite receive (``send_forward_recv_backward``): two.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ class OverlapConfig:
     overlap_p2p_comm: bool = True          # pipeline sends during compute (interleaved only)
     async_tp_backward: bool = True         # input-grad collective during the weight-grad GEMM
     scatter_gather_p2p: bool = False       # 2021 p2p: s*b*h/t per rank without SP
+    blocking_p2p: bool = False             # DeepSpeed pipeline engine: 4 serial transfers per microbatch
 
     def with_(self, **changes) -> "OverlapConfig":
         return replace(self, **changes)
@@ -34,6 +40,8 @@ class OverlapConfig:
 MEGATRON_DEFAULTS = OverlapConfig()
 # Narayanan et al. 2021's code: nothing overlapped, scatter/gather p2p (Sec. 4.1)
 MEGATRON_2021 = OverlapConfig(overlap_p2p_comm=False, async_tp_backward=False, scatter_gather_p2p=True)
+# DeepSpeed's pipeline engine (Megatron-DeepSpeed): synchronous p2p, no backward TP overlap
+DEEPSPEED_PIPE = OverlapConfig(async_tp_backward=False, blocking_p2p=True)
 # what recent performance recipes turn on (Megatron-LM README, "Performance Benchmarking")
 MEGATRON_TUNED = OverlapConfig(overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True)
 

@@ -12,7 +12,7 @@ One transformer layer of ``labkit.model`` / Megatron ``GPTModel`` holds
 
 Under TP (Shoeybi et al. 2019) column-parallel weights and biases (qkv, fc1) and row-parallel
 weights (proj, fc2) are split t ways; row-parallel biases and norms are replicated. Expert
-weights are split over EP as well. Megatron's own estimate (``megatron.py``) ignores biases and
+weights are split over EP (whole experts) and ETP (each expert's fc1/fc2, like TP). Megatron's own estimate (``megatron.py``) ignores biases and
 position embeddings; this count does not, so it matches ``sum(p.numel())`` of the real model.
 """
 from __future__ import annotations
@@ -32,9 +32,11 @@ def _mlp(model: ModelConfig, ffn: int, tp: int) -> int:
     return fc1 + fc2
 
 
-def layer_params(model: ModelConfig, tp: int = 1, ep: int = 1, moe: bool = False) -> dict:
+def layer_params(model: ModelConfig, tp: int = 1, ep: int = 1, moe: bool = False,
+                 etp: int | None = None) -> dict:
     """Parameters of one layer on one rank, split into "dense" (sharded by ZeRO over DP*CP) and
-    "expert" (sharded over the expert-data-parallel ranks)."""
+    "expert" (the routed experts: E/EP of them, each cut ETP ways (``etp``, default TP); ZeRO shards
+    them over the expert-data-parallel ranks)."""
     h, bias = model.hidden_size, model.add_bias_linear
     q = model.kv_channels * model.num_attention_heads
     kv = model.kv_channels * model.query_groups
@@ -48,7 +50,7 @@ def layer_params(model: ModelConfig, tp: int = 1, ep: int = 1, moe: bool = False
         dense += h * model.num_experts  # router, replicated
         if model.moe_shared_expert_intermediate_size:
             dense += _mlp(model, model.moe_shared_expert_intermediate_size, tp)
-        expert = (model.num_experts // ep) * _mlp(model, model.moe_ffn_hidden_size, tp)
+        expert = (model.num_experts // ep) * _mlp(model, model.moe_ffn_hidden_size, etp or tp)
     return {"dense": dense, "expert": expert}
 
 
@@ -80,7 +82,7 @@ def stage_params(model: ModelConfig, par: ParallelConfig, stage: int) -> dict:
     tp, ep, pattern = par.tp, par.ep, model.moe_layers()
     dense = expert = 0
     for i in stage_layers(model, par, stage):
-        c = layer_params(model, tp, ep, moe=bool(pattern[i]))
+        c = layer_params(model, tp, ep, moe=bool(pattern[i]), etp=par.etp)
         dense += c["dense"]
         expert += c["expert"]
     word = model.padded_vocab_size(tp) * model.hidden_size // tp

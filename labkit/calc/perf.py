@@ -5,8 +5,8 @@ fill and drain + communication no compute hides + the optimizer and a fixed per-
 term, and why it is there:
 
 - **compute** (gemm.py): GEMMs at a fitted fraction of peak times tile/wave quantization, attention
-  scores (flash or materialized), memory-bound element-wise work through HBM; recomputation adds
-  a forward (full) or the attention forward (selective). DeepSpeed's engine gets a fitted factor.
+  scores (flash or materialized), memory-bound element-wise work through HBM and a per-layer cost,
+  both per framework; recomputation adds a forward (full) or the attention forward (selective).
 - **pipeline**: 1F1B runs m microbatches through the slowest stage and fills/drains through the
   others: m t_max + (sum of the other stages) / v (Narayanan et al. 2021, Sec. 2.2; with even
   stages this is the (p-1)/(v m) bubble). Uneven splits (pipeline.pipeline_layer_ranges) and the
@@ -14,9 +14,10 @@ term, and why it is there:
 - **TP**: 4 collectives of [s/cp, b, h] per layer and microbatch (6 with full recompute) on the TP
   group's link; the backward ones hide behind the weight-gradient GEMM (``async_tp_backward``),
   all of them mostly under ``tp_comm_overlap``. FP8 halves the forward all-gathers under SP.
-- **PP**: two sends per microbatch and chunk boundary; 1/t of the activation per rank with SP or
-  2021's scatter/gather (``scatter_gather_p2p``), all of it otherwise; hidden under the
-  interleaved schedule's ``overlap_p2p_comm``.
+- **PP**: two transfers per microbatch and chunk boundary (four with DeepSpeed's blocking sends,
+  ``blocking_p2p``); 1/t of the activation per rank with SP or 2021's scatter/gather
+  (``scatter_gather_p2p``), all of it otherwise; hidden under the interleaved schedule's
+  ``overlap_p2p_comm``. Links between nodes: ``Cluster.link`` (a ring per NIC crosses a node once).
 - **CP**: ring attention passes K, V (and their gradients) cp-1 hops per layer, overlapped with the
   attention blocks; only what exceeds them is exposed.
 - **EP**: 4 all-to-alls per MoE layer and microbatch, exposed.
@@ -25,6 +26,9 @@ term, and why it is there:
   ``overlap_param_gather`` the gather behind the first forward, except the last bucket.
 - **optimizer + fixed**: Adam streams ~30 bytes per local parameter shard through HBM; a fitted
   constant covers launches, data loading and logging.
+
+The constants (``FITTED``) are fitted on published runs by ``runs.fit``; book/planning.ipynb shows
+the error on the sources fitted and on those held out.
 """
 from __future__ import annotations
 
@@ -38,12 +42,16 @@ from .params import embedding_params, layer_params
 from .pipeline import pipeline_layer_ranges
 
 OPTIMIZER_BYTES = 30.0   # Adam: read fp32 param, grad, m, v (16 B); write param, m, v (12) and the 16-bit copy (2)
-# Fitted by runs.fit(...) (Nelder-Mead, 500 iterations, squared log error) on the 61 rows of
-# runs.FIT_SOURCES in data/published_runs.csv; the other 18 rows are held out (book/planning.ipynb).
-FITTED = ComputeConstants(gemm_efficiency=(("V100", 0.764), ("A100", 0.748), ("H100", 0.735)),
-                          elementwise_bytes=69.1,
-                          framework_factor=(("megatron", 1.0), ("deepspeed", 1.222), ("torchtitan", 1.0)),
-                          fixed_seconds=0.031, fp8_gemm_speedup=1.223, microbatch_seconds=0.0)
+# runs.fit(runs.load_runs()) (Levenberg-Marquardt on log(predicted / measured), each source weighted
+# equally), 4 significant digits, on the 282 runs of runs.FIT_SOURCES in data/published_runs.csv;
+# the 83 runs of the other three sources are held out (book/planning.ipynb, "How good is it").
+FITTED = ComputeConstants(
+    gemm_efficiency=(("V100", 0.6083), ("A100", 0.6916), ("H100", 0.6892)),
+    attention_efficiency=(("A100", 0.3253), ("H100", 0.2143), ("fsdp:H100", 0.1694)),
+    elementwise_bytes=(("megatron", 0.0), ("deepspeed", 407.0), ("fsdp", 53.22)),
+    layer_seconds=(("megatron", 0.0), ("deepspeed", 0.001566), ("fsdp", 0.004065)),
+    framework_factor=(("megatron", 1.0), ("deepspeed", 0.8724), ("fsdp", 1.0)),
+    fixed_seconds=0.09677, fp8_gemm_speedup=1.475)
 
 
 def stage_layer_lists(model: ModelConfig, par: ParallelConfig) -> list:
@@ -84,15 +92,11 @@ def _stage_params(model, par, layers, first, last) -> int:
     return n
 
 
-def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
-              precision: PrecisionConfig = MIXED_18, overlap: OverlapConfig = MEGATRON_DEFAULTS,
-              fp8: bool = False, framework: str = "megatron", attention: str = "flash",
-              constants: ComputeConstants | None = None) -> dict:
-    """Predicted time of one optimizer step, its parts, and what it implies (tokens/s, MFU, HFU).
-
-    ``fp8``: FP8 GEMMs (Megatron ``--fp8-format``, any recipe); ``framework``: "megatron",
-    "deepspeed" or "torchtitan"; ``attention``: "flash" or "math" (materialized scores).
-    """
+def step_parts(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
+               precision: PrecisionConfig = MIXED_18, overlap: OverlapConfig = MEGATRON_DEFAULTS,
+               fp8: bool = False, framework: str = "megatron", attention: str = "flash",
+               constants: ComputeConstants | None = None) -> dict:
+    """Seconds of one optimizer step and its parts (``step_time`` adds what they imply)."""
     validate(model, par)
     if par.world_size != cluster.world_size:
         raise ValueError(f"rule: world_size equals the cluster's GPUs; {par.world_size} != "
@@ -108,8 +112,8 @@ def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
     rec = par.recompute_granularity
     sp = par.sequence_parallel and tp > 1
     factor = k.framework(framework)
-    dense = layer_times(model, tp, cp, mb, gpu, k, attention, fp8, False, ep)
-    moe = layer_times(model, tp, cp, mb, gpu, k, attention, fp8, True, ep) if model.num_experts else dense
+    dense = layer_times(model, tp, cp, mb, gpu, k, attention, fp8, False, ep, framework)
+    moe = layer_times(model, tp, cp, mb, gpu, k, attention, fp8, True, ep, framework) if model.num_experts else dense
     # ---- per layer and microbatch: communication on the critical path
     N = model.seq_length / cp * mb * model.hidden_size * act          # [s/cp, b, h] bytes
     bw, lat = cluster.link(tp)
@@ -125,13 +129,13 @@ def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
 
     t_cp = 0.0
     if cp > 1:
-        bw_cp, lat_cp = cluster.link(tp * cp)
+        bw_cp, lat_cp = cluster.link(tp * cp, cp)
         kv_hidden = model.kv_channels * model.query_groups
         t_cp = alpha_beta_time(cp_layer_bytes(model.seq_length, mb, kv_hidden, cp, act)["send_recv"] / tp,
                                bw_cp, lat_cp, 2 * (cp - 1))
     t_ep = 0.0
     if ep > 1:
-        bw_ep, lat_ep = cluster.link(tp * cp * ep)
+        bw_ep, lat_ep = cluster.link(tp * cp * ep, ep)
         t_ep = 4 * collective_time("all_to_all", N * model.moe_router_topk, ep, bw_ep, lat_ep)
 
     def layer(t, is_moe):
@@ -158,21 +162,20 @@ def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
     per_mb = [st["compute"] + st["comm"] for st in stages]
     worst = max(range(pp), key=per_mb.__getitem__)
     t_max = per_mb[worst]
-    per_mb = [t + k.microbatch_seconds for t in per_mb]
-    t_max = per_mb[worst]
     t_pipe = m * t_max + (sum(per_mb) - t_max) / v
     # ---- pipeline sends
     t_pp = 0.0
     if pp > 1 and not (overlap.overlap_p2p_comm and v > 1):
-        bw_pp, lat_pp = cluster.link(2 * tp * cp * dp)   # neighbouring stages are tp*cp*dp ranks apart
+        bw_pp, lat_pp = cluster.link(2 * tp * cp * dp, 2)   # neighbouring stages are tp*cp*dp ranks apart
         shard = tp if (sp or overlap.scatter_gather_p2p) else 1
-        t_pp = 2 * m * v * alpha_beta_time(N / shard, bw_pp, lat_pp)
+        transfers = 4 if overlap.blocking_p2p else 2      # DeepSpeed: send and receive one after the other
+        t_pp = transfers * m * v * alpha_beta_time(N / shard, bw_pp, lat_pp)
     # ---- data parallel over DP x CP, for the largest stage
     big = max(stages, key=lambda st: st["params"])
     group = dp * cp
     t_dp = 0.0
     if group > 1:
-        bw_dp, lat_dp = cluster.link(tp * group)
+        bw_dp, lat_dp = cluster.link(tp * group, group)
         zero = min(par.optimizer_shard_stage, 3)
         sent = dp_step_bytes(big["params"] * precision.bytes_param, group, zero,
                              grad_bytes=big["params"] * precision.bytes_grad, num_microbatches=m)
@@ -192,9 +195,23 @@ def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
     t_opt = shard * OPTIMIZER_BYTES / gpu.hbm_bandwidth
     total = t_pipe + t_pp + t_dp + t_opt + k.fixed_seconds
     compute = m * stages[worst]["compute"]
-    out = {"step_time": total, "compute": compute, "bubble": t_pipe - m * t_max,
-           "tp_comm": m * stages[worst]["comm"], "pp_comm": t_pp, "dp_comm": t_dp, "optimizer": t_opt,
-           "fixed": k.fixed_seconds, "tokens_per_s": par.gbs * model.seq_length / total}
+    return {"step_time": total, "compute": compute, "bubble": t_pipe - m * t_max,
+            "tp_comm": m * stages[worst]["comm"], "pp_comm": t_pp, "dp_comm": t_dp, "optimizer": t_opt,
+            "fixed": k.fixed_seconds, "tokens_per_s": par.gbs * model.seq_length / total}
+
+
+def step_time(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
+              precision: PrecisionConfig = MIXED_18, overlap: OverlapConfig = MEGATRON_DEFAULTS,
+              fp8: bool = False, framework: str = "megatron", attention: str = "flash",
+              constants: ComputeConstants | None = None) -> dict:
+    """Predicted time of one optimizer step, its parts, and what it implies (tokens/s, MFU, HFU).
+
+    ``fp8``: FP8 GEMMs (Megatron ``--fp8-format``, any recipe); ``framework``: "megatron",
+    "deepspeed", "torchtitan" or "composer" (gemm.FRAMEWORK_CLASS); ``attention``: "flash" or
+    "math" (materialized scores).
+    """
+    out = step_parts(model, par, cluster, precision, overlap, fp8, framework, attention, constants)
+    total, n, rec, gpu = out["step_time"], par.world_size, par.recompute_granularity, cluster.gpu
     peak = gpu.peak_flops
     for conv in ("causal", "palm"):
         f, hw = model_flops(model, par, conv), hardware_flops_per_iteration(model, par, conv)

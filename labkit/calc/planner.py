@@ -63,8 +63,13 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch_size: int,
          overlap: OverlapConfig = MEGATRON_DEFAULTS, fp8: bool = False, **search) -> dict:
     """Rank the layouts that fit in ``headroom`` x GPU memory by predicted tokens/s.
 
-    Returns {"ranked": [rows best first], "too_big": n, "invalid": n, "capacity": bytes}.
+    Returns {"ranked": [rows best first], "too_big": n, "invalid": n, "capacity": bytes}. For a
+    MoE model EP is searched too (every divisor of num_experts), unless ``expert_parallel_sizes``
+    is given.
     """
+    if model.num_experts and "expert_parallel_sizes" not in search:
+        search = dict(search, expert_parallel_sizes=tuple(
+            e for e in _divisors(model.num_experts) if e <= cluster.world_size))
     capacity = headroom * cluster.gpu.memory_bytes
     ranked, too_big, invalid = [], 0, 0
     for par, reason in candidate_layouts(model, cluster, global_batch_size, **search):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 
 from .batch import batch_math
-from .comm import dp_step_bytes, tp_layer_bytes, pp_step_bytes
+from .comm import cp_layer_bytes, dp_step_bytes, tp_layer_bytes, pp_step_bytes
 from .config import PRECISIONS, ParallelConfig
 from .flops import megatron_kwargs, model_flops_per_iteration
 from .hardware import CLUSTERS, cluster
@@ -45,7 +45,8 @@ FORMS = {
     "planner": [("model", "model", "choice", "gpt3-175b", sorted(MODELS)),
                 ("cluster", "cluster", "choice", "jean-zay-v100", sorted(CLUSTERS)),
                 ("nodes", "nodes", "int", 32, None), ("global_batch_size", "global batch", "int", 128, None),
-                ("seq_length", "sequence length (0 = preset)", "int", 1024, None)],
+                ("seq_length", "sequence length (0 = preset)", "int", 1024, None),
+                ("context_parallel_sizes", "CP sizes searched", "choice", "1", ["1", "1,2", "1,2,4", "1,2,4,8"])],
 }
 FORMS["memory"] = [(n, l, k, ({"world_size": 1024, "tensor_model_parallel_size": 8,
                                 "pipeline_model_parallel_size": 16, "global_batch_size": 1536,
@@ -148,6 +149,8 @@ def memory_html(v: dict) -> str:
     tp_bytes *= b["num_microbatches"] * (m.num_layers // par.pp)
     pp_bytes = sum(pp_step_bytes(s // par.cp, bmb, h, b["num_microbatches"], par.pp, 0, act_bytes,
                                  b["virtual_pipeline_size"]).values())
+    cp_bytes = sum(cp_layer_bytes(s, bmb, m.kv_channels * m.query_groups // par.tp, par.cp, act_bytes).values())
+    cp_bytes *= b["num_microbatches"] * (m.num_layers // par.pp)          # ring attention ("p2p")
     mfu = ""
     if float(v.get("step_time", 0) or 0) > 0:
         value = flops / (float(v["step_time"]) * par.world_size * gpu.peak_flops)
@@ -171,7 +174,8 @@ def memory_html(v: dict) -> str:
               f"activation {_num('megatron_activation_mb', est['activation_bytes'] / 2**20, '{:.2f}')} MB</p>"
             + f"<ul><li>FLOPs per iteration {_num('flops', flops, '{:.4e}')}</li>{mfu}"
               f"<li>bytes sent per GPU per step: DP {_num('dp_bytes', dp_bytes, '{:.4e}')}, "
-              f"TP {_num('tp_bytes', tp_bytes, '{:.4e}')}, PP (stage 0) {_num('pp_bytes', pp_bytes, '{:.4e}')}</li>"
+              f"TP {_num('tp_bytes', tp_bytes, '{:.4e}')}, PP (stage 0) {_num('pp_bytes', pp_bytes, '{:.4e}')}, "
+              f"CP (ring) {_num('cp_bytes', cp_bytes, '{:.4e}')}</li>"
               f"<li>bubble {_num('bubble', bubble_fraction(par.pp, b['num_microbatches'], b['virtual_pipeline_size']), '{:.4f}')}"
               f"</li></ul>")
 
@@ -179,17 +183,19 @@ def memory_html(v: dict) -> str:
 def planner_html(v: dict, top: int = 5) -> str:
     try:
         m, c = _model(v), cluster(v["cluster"], int(v["nodes"]))
-        result = plan(m, c, int(v["global_batch_size"]), recompute=("selective", "full"))
+        cps = tuple(int(x) for x in str(v.get("context_parallel_sizes", "1")).split(","))
+        result = plan(m, c, int(v["global_batch_size"]), recompute=("selective", "full"),
+                      context_parallel_sizes=cps)
     except ValueError as err:
         return _error(err)
     rows = "".join(
-        f"<tr><td>{r['tp']}</td><td>{r['pp']}</td><td>{r['dp']}</td><td>{r['micro_batch_size']}</td>"
+        f"<tr><td>{r['tp']}</td><td>{r['pp']}</td><td>{r['cp']}</td><td>{r['dp']}</td><td>{r['micro_batch_size']}</td>"
         f"<td>{r['recompute']}</td><td>{r['peak_memory_gib']:.1f}</td>"
         f"<td>{_num(f'plan{i}_tokens_per_s', r['tokens_per_s'], '{:.0f}')}</td><td>{r['mfu']:.1%}</td></tr>"
         for i, r in enumerate(result["ranked"][:top]))
     why = "".join(f"<li>{html.escape(line)}</li>" for line in explain(result, c))
     return (f"<p>{_num('n_fit', len(result['ranked']))} layouts fit, {result['too_big']} do not, "
-            f"{result['invalid']} break a rule.</p><table><tr><th>TP</th><th>PP</th><th>DP</th>"
+            f"{result['invalid']} break a rule.</p><table><tr><th>TP</th><th>PP</th><th>CP</th><th>DP</th>"
             f"<th>mb</th><th>recompute</th><th>GiB</th><th>tokens/s</th><th>MFU</th></tr>{rows}"
             f"</table><ul>{why}</ul>")
 

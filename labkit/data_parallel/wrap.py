@@ -8,6 +8,12 @@ of its own, so that under ZeRO both stages shard it the same way and its gradien
 summed over the embedding group element by element (Megatron-LM's
 ``_does_param_require_new_bucket`` in ``distributed/param_and_grad_buffer.py``).
 
+Routed experts (tagged ``allreduce=False``, chapter "Expert parallelism") get a bucket of their own,
+reduced over the expert-data-parallel group (the ranks holding the same experts); ZeRO shards it
+over that group. Megatron's scaling (``DistributedDataParallel.__init__``, d98e8a64): every gradient
+must end up divided by dp x cp; the dense ones by averaging over dp x cp, the experts' by scaling
+them by edp / (dp x cp) first (a hook on each expert parameter), then averaging over edp.
+
 :class:`DataParallelSet` runs one DP object per bucket behind the one interface (ddp.py).
 """
 from __future__ import annotations
@@ -16,7 +22,8 @@ import contextlib
 
 import torch
 
-from ..groups import Group, grad_reduce_group
+from ..groups import Group, expert_grad_reduce_group, grad_reduce_group
+from ..param_attrs import is_expert
 from .ddp import BucketedDataParallel, NaiveDataParallel
 from .zero import ZERO_STAGES
 
@@ -84,15 +91,23 @@ def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg) -> DataParal
     """
     group = grad_reduce_group(groups)
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
-    buckets = [[(n, p) for n, p in named if getattr(p, "shared_embedding", False)],
-               [(n, p) for n, p in named if not getattr(p, "shared_embedding", False)]]
+    role = lambda p: "embd" if getattr(p, "shared_embedding", False) else "expert" if is_expert(p) else "dense"  # noqa: E731
+    buckets = [([(n, p) for n, p in named if role(p) == r], group) for r in ("embd", "dense")]
+    experts = [(n, p) for n, p in named if role(p) == "expert"]
+    if experts:
+        edp = expert_grad_reduce_group(groups)
+        buckets.append((experts, edp))
+        scale = edp.size / group.size                    # Megatron's expert_gradient_scaling_factor
+        if scale != 1:
+            for _, p in experts:
+                p.register_hook(lambda g, s=scale: g * s)
     stage = cfg.effective_zero_stage
     members = []
-    for bucket in filter(None, buckets):
+    for bucket, over in filter(lambda b: b[0], buckets):
         if stage:
-            members.append(ZERO_STAGES[stage](bucket, group, cfg, chunks[0] if stage == 3 else None))
+            members.append(ZERO_STAGES[stage](bucket, over, cfg, chunks[0] if stage == 3 else None))
         elif cfg.ddp_bucket_size is not None:
-            members.append(BucketedDataParallel(bucket, group, cfg, cfg.ddp_bucket_size))
+            members.append(BucketedDataParallel(bucket, over, cfg, cfg.ddp_bucket_size))
         else:
-            members.append(NaiveDataParallel(bucket, group, cfg))
+            members.append(NaiveDataParallel(bucket, over, cfg))
     return DataParallelSet(members)

@@ -139,6 +139,15 @@ class ZeRO1(_ShardedDataParallel):
         return contextlib.nullcontext()  # accumulate full gradients locally; sync once at the end
 
     @torch.no_grad()
+    def all_reduce_grads(self, predicate, group: Group) -> None:
+        """Megatron's way under the distributed optimizer: the whole gradient buffer exists, so the
+        matching parameters' gradients are all-reduced whole (``finalize_model_grads`` on
+        ``main_grad``). Only this rank's shard of the result is read by the step."""
+        for p in self.params:
+            if predicate(p):
+                p.grad.copy_(comm.all_reduce(group, p.grad))
+
+    @torch.no_grad()
     def finish_grad_sync(self) -> None:
         self.flat_grad[self.lo:self.hi] = self._reduce_scatter(self.flat_grad)
         self.shard.grad = self.flat_grad[self.lo:self.hi]   # a view, no new memory

@@ -4,6 +4,11 @@
     pipeline.py            pipeline schedules run for real: timelines, bubbles, memory
     activations.py         what autograd saves, measured and itemized (TP, SP, PP chapters)
     tensor_parallel.py     one transformer layer, dense vs cut: outputs, gradients, bytes
+    context_parallel.py, cp_table.py, cp_plot.py   context parallelism: parity, bytes, activations,
+                           balance, the gpt2-xl table
+    expert_parallel.py, expert_parallel_plot.py   expert parallelism: parity, bytes, memory,
+                           load balance and drops
+    ptdp.py                the composed chapter: the rank grid, a composed run, per-strategy memory
 """
 from __future__ import annotations
 

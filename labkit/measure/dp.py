@@ -8,8 +8,6 @@ reset between variants, so a launch is paid once (a launch of 4 ranks costs unde
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 
@@ -79,7 +77,9 @@ def memory_worker(stages, base: dict, seed: int = 0, steps: int = 2) -> dict:
 
 
 def overlap_worker(base: dict, bucket_size: int, iterations: int = 4, seed: int = 0) -> dict:
-    """Time single-microbatch iterations of naive and bucketed DDP, phase by phase.
+    """Time single-microbatch iterations of naive and bucketed DDP, phase by phase (gloo on CPU:
+    on NCCL a collective's future completes when it is queued, not done, so its intervals would say
+    nothing; use the PyTorch profiler on GPUs).
 
     Returns {"naive"|"bucketed": {"phases": [(label, t0, t1)], "all_reduce": [(label, t0, t1)],
     "iteration_ms": [...]}}, times in ms from the iteration's start, for the iteration of median
@@ -91,8 +91,10 @@ def overlap_worker(base: dict, bucket_size: int, iterations: int = 4, seed: int 
     from ..data import load_tokens
     from ..data_parallel.ddp import BucketedDataParallel, NaiveDataParallel
     from ..groups import build_groups
-    from ..launcher import device
+    from ..launcher import device, now
     from ..model import GPT
+    if device().type != "cpu":
+        raise ValueError("overlap_worker measures gloo's collectives on the CPU: launch it with backend='gloo'")
     cfg = train_config(**base)
     topo = cfg.validate(dist.get_world_size())
     groups = build_groups(topo)
@@ -108,16 +110,16 @@ def overlap_worker(base: dict, bucket_size: int, iterations: int = 4, seed: int 
             (x, y), = _batches(cfg, topo, it, seed, tokens)
             events.clear()
             dist.barrier()
-            t = [time.perf_counter()]
+            t = [now()]
             loss = model.loss(x, y)
-            t.append(time.perf_counter())
+            t.append(now())
             with dp.grad_sync_context(is_last_microbatch=True):
                 loss.backward()
-            t.append(time.perf_counter())
+            t.append(now())
             dp.finish_grad_sync()
-            t.append(time.perf_counter())
+            t.append(now())
             dp.step()
-            t.append(time.perf_counter())
+            t.append(now())
             ms = [(v - t[0]) * 1e3 for v in t]
             times.append(ms[-1])
             records.append({"phases": [(label, ms[i], ms[i + 1]) for i, label in

@@ -80,15 +80,13 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
             return_grads, params_dtype, seed):
     """One pipeline rank: build and cut the model as labkit.train does, run the schedule
     ``iterations`` times (no optimizer step: every iteration computes the same thing)."""
-    import time
-
     import torch
     import torch.distributed as dist
 
     from .. import data
     from ..config import TrainConfig
     from ..groups import build_groups
-    from ..launcher import device
+    from ..launcher import device, now
     from ..model import GPT
     from ..parallelize import parallelize
     from ..pipeline_parallel.stage import dense_name
@@ -105,6 +103,7 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
     engine = parallelize(model, topo, groups, cfg, seed)
     runner = engine.runner
     runner.schedule_fn = lambda p_, m_: schedule
+    runner.clock = now                          # timestamps of work done (synchronizes on CUDA)
     tokens, losses, grads, events = data.load_tokens(), [], {}, []
     for it in range(iterations):
         inputs, labels = data.get_batch(tokens, it, m * micro_batch_size, seq_length, seed)
@@ -115,7 +114,7 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
                 prm.grad = None
         groups["pp"].stats.reset()
         dist.barrier(group=groups["pp"].pg)
-        loss = runner.forward_backward(mbs, engine.dp, t0=time.perf_counter())
+        loss = runner.forward_backward(mbs, engine.dp, t0=now())
         engine.finalize_grads()                            # the tied-embedding sum, as in training
         total = torch.tensor([loss], dtype=torch.float64, device=device())
         dist.all_reduce(total, group=groups["pp"].pg)  # only the last stage's loss is non-zero

@@ -57,10 +57,12 @@ def _meta(msg: Message) -> tuple[int, int, int]:
 
 
 def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
-                 t0: float | None = None, activation_shape=None) -> ScheduleRun:
+                 t0: float | None = None, activation_shape=None, clock=time.perf_counter) -> ScheduleRun:
     """Run this rank's ``actions`` with its p2p ``steps`` (``p2p_plan.plan(schedule)[rank]``) on
     its ``chunks`` ([chunk 0, chunk 1, ...], each a ``labkit.model.GPT`` part).
     ``activation_shape(tokens) -> shape`` of the hidden states between stages (default [b, s, h]).
+    ``clock``: timestamps of the events; ``labkit.launcher.now`` synchronizes a CUDA device first,
+    so that GPU timelines show work done, not work queued (the default does not synchronize).
 
     ``microbatches``: [(tokens, labels[, position_ids])] of this data-parallel rank (only the first
     stage reads tokens, only the last labels). ``dp``: its ``grad_sync_context`` wraps each
@@ -72,7 +74,7 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
     dev, dtype, h = param.device, param.dtype, chunks[0].cfg.hidden_size
     activation_shape = activation_shape or (lambda tokens: (*tokens.shape, h))
     num_stages = p * len(chunks)
-    t0 = time.perf_counter() if t0 is None else t0
+    t0 = clock() if t0 is None else t0
     uses_w = any(a.kind == "W" for a in actions)
     last_bwd = max(i for i, a in enumerate(actions) if a.kind == ("W" if uses_w else "B"))
     inbox, outbox, saved, sizes = {}, {}, {}, {}
@@ -99,7 +101,7 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
         tokens, labels, *rest = microbatches[mb]
         if a.kind == "F":
             x = tokens if s == 0 else inbox.pop(Message("F", s, mb)).requires_grad_()
-            start = time.perf_counter()
+            start = clock()
             seen, hooks = _saved_bytes(chunk)
             with hooks:
                 out = chunk(x, labels if s == num_stages - 1 else None, *rest)
@@ -114,7 +116,7 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
         else:
             x, out = saved[(mb, c)]
             grad = None if s == num_stages - 1 else inbox.get(Message("B", s, mb))
-            start = time.perf_counter()
+            start = clock()
             sync = dp.grad_sync_context(i == last_bwd) if dp is not None else contextlib.nullcontext()
             with sync:
                 if a.kind == "B" and uses_w:                # input gradient only, keep the graph
@@ -130,7 +132,7 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
                 del saved[(mb, c)]
                 inbox.pop(Message("B", s, mb), None)
                 held_bytes -= sizes.pop((mb, c))
-        run.events.append(Event(r, a, start - t0, time.perf_counter() - t0))
+        run.events.append(Event(r, a, start - t0, clock() - t0))
         run.peak_activation_bytes = max(run.peak_activation_bytes, held_bytes)
         run.peak_in_flight = max(run.peak_in_flight, len(saved))
     communicate(None)
@@ -146,8 +148,9 @@ class PipelineRunner:
     the same model. The p2p plan of each (schedule, m) is derived and checked once, then cached.
     """
 
-    def __init__(self, chunks: list, groups: dict, schedule=None, activation_shape=None):
-        self.chunks, self.pp, self.activation_shape = chunks, groups["pp"], activation_shape
+    def __init__(self, chunks: list, groups: dict, schedule=None, activation_shape=None,
+                 clock=time.perf_counter):
+        self.chunks, self.pp, self.activation_shape, self.clock = chunks, groups["pp"], activation_shape, clock
         self.computes_loss = chunks[-1].output_layer is not None
         self.schedule_fn = schedule
         self.last_run: ScheduleRun | None = None
@@ -169,5 +172,5 @@ class PipelineRunner:
     def forward_backward(self, microbatches, dp, t0: float | None = None) -> float:
         actions, steps = self.plan(len(microbatches))
         self.last_run = run_schedule(actions, steps, self.chunks, self.pp, microbatches, dp, t0,
-                                     self.activation_shape)
+                                     self.activation_shape, self.clock)
         return self.last_run.loss_sum

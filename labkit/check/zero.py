@@ -1,0 +1,218 @@
+"""Check for the ZeRO-2 exercise of the Data-parallelism lab, and the gradient-memory peaks it reports.
+
+ZeRO stage 2 (Rajbhandari et al. 2020, Sec. 5.2) shards the gradients: a rank keeps only the
+gradient of the 1/dp of the parameters it updates. DeepSpeed's stage 2 and Megatron-LM's
+distributed optimizer get there bucket by bucket during the backward: as soon as a bucket's
+gradients are final they are reduce-scattered, and the full ones are freed. labkit's own
+``ZeRO2`` (``labkit/data_parallel/zero.py``) is simpler: it reduce-scatters the whole model's
+gradients once the backward has ended, so for a moment it holds every full gradient AND a flat
+copy of them (:func:`gradient_peaks` measures it). The exercise writes the bucketed version.
+
+Layout (Megatron's ``param_and_grad_buffer.py``): each bucket's flat gradient is padded to a
+multiple of dp and dp rank r owns chunk r of every bucket. ``student_fn(bucket, param)`` is called
+(in every microbatch's backward) when ``param``'s gradient is final; a :class:`ZeroBucket` has
+``params``, ``ready`` (a set to fill with ``id(param)``), ``group``, ``numel``, ``padded_numel``
+and ``grad_shard`` ([padded_numel / dp], this rank's accumulated shard of the mean gradient).
+
+The check runs 3 AdamW steps with 2 microbatches on 2 gloo ranks in float64 and compares the
+parameters after every step with single-device training (``labkit.reference``), and measures
+the gradient bytes the rank held at its peak: at every gradient accumulation and at every
+``labkit.comm.reduce_scatter`` call (the distinct storages of all ``.grad`` tensors, the shards
+and the tensor being reduce-scattered). labkit's ``ZeRO2`` raises while the student's code runs.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from . import describe_mismatch, forbidden, hint, report, run_student
+from .data_parallel import GBS, MODEL, STEPS, TOL, _microbatches, _reference, _setup, _world
+
+OWN_ZERO2 = ("labkit.data_parallel.zero:ZeRO2._shard_grads",)
+
+
+class ZeroBucket:
+    """The parameters whose gradients are reduce-scattered together, and this rank's shard of them."""
+
+    def __init__(self, index: int, params: list, group):
+        import torch
+        self.index, self.params, self.group = index, params, group
+        self.numel = sum(p.numel() for p in params)
+        self.padded_numel = -(-self.numel // group.size) * group.size
+        self.ready: set[int] = set()
+        self.grad_shard = torch.zeros(self.padded_numel // group.size, dtype=params[0].dtype)
+        self.weight_shard = None      # nn.Parameter [padded_numel / dp], set by the check
+
+
+class GradMeter:
+    """The most gradient bytes held at once, sampled when gradients appear and when they are sent."""
+
+    def __init__(self, params, extra=lambda: ()):
+        self.params, self.extra, self.peak = params, extra, 0
+
+    def sample(self, *also) -> None:
+        from ..data_parallel.shard_layout import storage_bytes
+        held = storage_bytes([p.grad for p in self.params] + list(self.extra()) + list(also))
+        self.peak = max(self.peak, held)
+
+    @contextlib.contextmanager
+    def watching(self):
+        """Sample at every gradient accumulation and inside every ``labkit.comm.reduce_scatter``."""
+        from .. import comm
+        original = comm.reduce_scatter
+
+        def reduce_scatter(group, x, *args, **kwargs):
+            self.sample(x)
+            return original(group, x, *args, **kwargs)
+        handles = [p.register_post_accumulate_grad_hook(lambda p: self.sample()) for p in self.params]
+        comm.reduce_scatter = reduce_scatter
+        try:
+            yield self
+        finally:
+            comm.reduce_scatter = original
+            for h in handles:
+                h.remove()
+
+
+def _labkit_peak(stage: int) -> int:
+    """Peak gradient bytes of labkit's ZeRO-1 or ZeRO-2 over one step of 2 microbatches (on a rank)."""
+    from ..data_parallel.zero import ZERO_STAGES
+    mbs = GBS // 2 // _world()
+    cfg, model, group, data = _setup(mbs)
+    dp = ZERO_STAGES[stage](list(model.named_parameters()), group, cfg)
+    extra = (lambda: [dp.flat_grad]) if stage == 1 else (lambda: [dp.grad_shard])
+    meter = GradMeter(list(model.parameters()), extra)
+    mbatches = _microbatches(data, group, 0, mbs)
+    with meter.watching():
+        for j, (x, y) in enumerate(mbatches):
+            with dp.grad_sync_context(is_last_microbatch=(j == len(mbatches) - 1)):
+                (model.loss(x, y) / len(mbatches)).backward()
+        dp.finish_grad_sync()
+    return meter.peak
+
+
+def _worker(student_fn, bucket_size: int):
+    import torch
+
+    from .. import comm
+    from ..data_parallel.ddp import make_buckets, make_optimizer
+    mbs = GBS // 2 // _world()
+    cfg, model, group, data = _setup(mbs)
+    params = list(model.parameters())
+    with torch.no_grad():                               # start from rank 0's weights
+        for p in params:
+            p.copy_(comm.broadcast(group, p.detach(), src=0))
+    buckets = [ZeroBucket(b.index, b.params, group) for b in make_buckets(params, bucket_size, None)]
+    r, n = group.rank, group.size
+    for b in buckets:                                   # this rank's chunk of the bucket's weights
+        flat = torch.nn.functional.pad(torch.cat([p.detach().reshape(-1) for p in b.params]),
+                                       (0, b.padded_numel - b.numel))
+        b.weight_shard = torch.nn.Parameter(flat.chunk(n)[r].clone())
+        for p in b.params:
+            p.register_post_accumulate_grad_hook(lambda p, b=b: student_fn(b, p))
+    optimizer = make_optimizer([b.weight_shard for b in buckets], cfg)
+    meter = GradMeter(params, lambda: [b.grad_shard for b in buckets])
+    out = {"params": [], "held_after_backward": [], "sent": []}
+    for it in range(STEPS):
+        group.stats.reset()
+        mbatches = _microbatches(data, group, it, mbs)
+        for x, y in mbatches:
+            with meter.watching(), forbidden(*OWN_ZERO2, why="the bucketed ZeRO-2 hook is the exercise"):
+                (model.loss(x, y) / len(mbatches)).backward()
+            held = sorted({b.index for b in buckets for p in b.params if p.grad is not None})
+            out["held_after_backward"] = out["held_after_backward"] or held
+            for p in params:
+                p.grad = None                           # whatever was left: the next microbatch starts clean
+        with torch.no_grad():                           # the check's own step: shards -> AdamW -> gather
+            for b in buckets:
+                b.weight_shard.grad = b.grad_shard.clone()
+            optimizer.step()
+            for b in buckets:
+                full = comm.all_gather(group, b.weight_shard.detach())[:b.numel]
+                offset = 0
+                for p in b.params:
+                    p.copy_(full[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+                b.grad_shard.zero_()
+        out["params"].append({k: v.detach().clone() for k, v in model.named_parameters()})
+        out["sent"].append(group.stats.bytes.get("reduce_scatter", 0.0))
+    out["peak"] = meter.peak
+    out["largest_bucket"] = max(b.numel for b in buckets) * params[0].element_size()
+    out["shard_bytes"] = sum(b.grad_shard.numel() for b in buckets) * params[0].element_size()
+    out["full_bytes"] = sum(p.numel() for p in params) * params[0].element_size()
+    out["labkit_zero1"], out["labkit_zero2"] = _labkit_peak(1), _labkit_peak(2)
+    return out
+
+
+def zero2_bucket_hook(student_fn, world_size: int = 2, bucket_size: int = 2000):
+    """Run bucketed ZeRO-2 with ``student_fn`` as the hook; print one [check] line."""
+    name, title = "zero2_bucket_hook", f"zero2_bucket_hook ({world_size} ranks)"
+    results, failed = run_student(title, _worker, world_size, student_fn, bucket_size, student_fn=student_fn)
+    if failed is not None:
+        return failed
+    out = results[0]
+    if out["held_after_backward"]:
+        return report(title, False, f"after a microbatch's backward rank 0 still held the full gradients of "
+                      f"buckets {out['held_after_backward']}", hint(name, student_fn, [
+                          "a ZeRO-2 rank keeps no full gradient once its bucket has been reduced",
+                          "when the bucket is complete, reduce-scatter its gradients, add the result to "
+                          "bucket.grad_shard, then set p.grad = None for every p in bucket.params"], "held"))
+    ref_params, _ = _reference()
+    for r, res in enumerate(results):
+        for k, expected in enumerate(ref_params):
+            for n, e in expected.items():
+                problem = describe_mismatch(res["params"][k][n], e.detach(), TOL, TOL, f"rank {r}, step {k + 1}, {n} ")
+                if problem:
+                    return report(title, False, problem, hint(name, student_fn, [
+                        "the weights after the step differ from one device's: the shards of the mean "
+                        "gradient are wrong",
+                        "bucket.grad_shard must ADD (microbatches accumulate) this rank's chunk of the "
+                        "bucket's flat gradient (padded to bucket.padded_numel), summed over ranks "
+                        "and divided by bucket.group.size",
+                        "flat = F.pad(torch.cat([p.grad.reshape(-1) for p in bucket.params]), (0, "
+                        "bucket.padded_numel - bucket.numel)); bucket.grad_shard += "
+                        "comm.reduce_scatter(bucket.group, flat) / bucket.group.size"], "values"))
+    from ..calc.comm import reduce_scatter_bytes
+    per_microbatch = sum(reduce_scatter_bytes(b, world_size) for b in _padded_bucket_bytes(bucket_size, world_size))
+    if any(abs(s - 2 * per_microbatch) > 0.5 for s in out["sent"]):
+        return report(title, False, f"rank 0 reduce-scattered {out['sent'][0]:.0f} bytes in a step of 2 "
+                      f"microbatches; once per bucket and microbatch is {2 * per_microbatch:.0f}",
+                      hint(name, student_fn, "reduce-scatter each bucket once, when its last gradient is "
+                           "ready (len(bucket.ready) == len(bucket.params)), then clear bucket.ready", "bytes"))
+    transient = out["peak"] - out["shard_bytes"]
+    if transient > 2 * out["largest_bucket"]:
+        return report(title, False, f"peak of {out['peak']} gradient bytes: {transient} beyond the shards, "
+                      f"more than two buckets' worth ({2 * out['largest_bucket']})", hint(
+                          name, student_fn, "free each bucket's gradients right after its reduce-scatter",
+                          "peak"))
+    return report(title, True, f"3 AdamW steps equal one device's (float64, tol {TOL:g}); gradient peak "
+                  f"{out['peak']:,} bytes = shards {out['shard_bytes']:,} + {transient:,} in flight (the "
+                  f"largest bucket is {out['largest_bucket']:,}); labkit's ZeRO2 peaks at "
+                  f"{out['labkit_zero2']:,}, ZeRO-1 at {out['labkit_zero1']:,} (full gradient "
+                  f"{out['full_bytes']:,})")
+
+
+def _padded_bucket_bytes(bucket_size: int, dp: int) -> list[int]:
+    """Bytes of each bucket's padded flat gradient for the check's model (float64)."""
+    from ..data_parallel.ddp import make_buckets
+    from ..model import GPT
+    from ..config import TrainConfig
+    model = GPT(TrainConfig(micro_batch_size=1, global_batch_size=GBS, **MODEL).model_config(), seed=0)
+    sizes = [b.numel for b in make_buckets(list(model.parameters()), bucket_size, None)]
+    return [-(-s // dp) * dp * 8 for s in sizes]
+
+
+def gradient_peaks(world_size: int = 2) -> dict:
+    """{"zero1", "zero2"}: the most gradient bytes rank 0 of labkit's ZeRO-1 and ZeRO-2 held during
+    one step of 2 microbatches (float64 GPT of ``data_parallel.MODEL``), and ``"full"``, the bytes of
+    one full gradient. The chapter "Data parallelism" prints them."""
+    from ..launcher import launch
+    out = launch(_peaks_worker, world_size)[0]
+    return out
+
+
+def _peaks_worker():
+    from ..model import GPT
+    from ..config import TrainConfig
+    full = sum(p.numel() for p in GPT(TrainConfig(micro_batch_size=1, global_batch_size=GBS, **MODEL)
+                                      .model_config(), seed=0).parameters()) * 8
+    return {"zero1": _labkit_peak(1), "zero2": _labkit_peak(2), "full": full}
