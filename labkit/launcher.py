@@ -196,7 +196,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "cloudpickle", "labkit.launch_rank"])
+    # torch._dynamo: every torch.optim optimizer imports it on construction (torch/_compile.py),
+    # 1-2 s of CPU per rank; imported once in the forkserver, every forked rank has it for free
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle",
+                                "labkit.launch_rank"])
     results_q = ctx.Queue()
     payload = cloudpickle.dumps((fn, args, kwargs))
     logdir = tempfile.mkdtemp(prefix="labkit-launch-")

@@ -56,7 +56,7 @@ def test_megatron_defaults_are_filled():
 
 
 # ----------------------------------------------------------------------------- batch
-def test_batch_math_seed_note_example():
+def test_batch_math_worked_example():
     # Megatron's batch rule: 4 GPUs of pure DP, micro batch 16, global batch 2048 -> 32 accumulation steps
     b = c.batch_math(TINY, ParallelConfig(world_size=4, micro_batch_size=16, global_batch_size=2048))
     assert (b["data_parallel_size"], b["num_microbatches"], b["gradient_accumulation_steps"]) == (4, 32, 32)

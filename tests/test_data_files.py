@@ -148,7 +148,7 @@ LINE = re.compile(
     r"number of skipped iterations:\s+\d+ \| number of nan iterations:\s+\d+ \|$")
 
 
-def test_megatron_log_lines_parse_and_match_seed_003():
+def test_megatron_log_lines_parse_and_match_the_tutorial_log():
     lines = (DATA / "megatron_log_h200_dp2.txt").read_text().splitlines()
     assert len(lines) == 2
     parsed = [LINE.match(line) for line in lines]
@@ -159,3 +159,26 @@ def test_megatron_log_lines_parse_and_match_seed_003():
     assert (second["it"], second["ms"], float(second["loss"])) == ("27", "437.5", 10.26151)
     # consumed samples advance by the global batch size each iteration
     assert int(second["samples"]) - int(first["samples"]) == int(first["gbs"])
+
+
+# ---------------------------------------------------------------------------------------------
+# gpu-check on an H100 (data/gpu/): the stored comparisons still follow from today's calc
+# ---------------------------------------------------------------------------------------------
+def test_h100_gpu_check_rows_follow_from_the_stored_times_and_todays_calc():
+    import json
+
+    from labkit.gpu_check import step
+    from labkit.model import preset
+    report = json.loads((DATA / "gpu" / "h100_gpu_check.json").read_text())
+    assert report["system"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    rows = report["step"]
+    assert [(r["model"], r["attention"]) for r in rows] == [
+        (m, a) for m in ("gpt2", "gpt2-medium", "gpt2-large") for a in ("math", "sdpa")]
+    for r in rows:
+        again = step.summarize(r["model"], preset(r["model"]), r["micro_batch_size"], r["step_seconds"],
+                               r["peak_memory_bytes"], r["peak_flops"], r["static_bytes"],
+                               r["saved_bytes"], r["attention"])
+        for key in ("num_parameters", "model_flops", "mfu", "predicted_memory_bytes", "memory_error",
+                    "predicted_static_bytes", "predicted_activation_bytes"):
+            assert again[key] == pytest.approx(r[key], rel=1e-12), (r["model"], r["attention"], key)
+    assert (DATA / "gpu" / "h100_gpu_check.md").read_text().count("| gpt2") == 12  # two tables

@@ -64,7 +64,7 @@ def test_every_exported_flag_is_a_megatron_flag():
     assert flags and all(f[2:] in FLAGS for f in flags)
 
 
-def test_parse_megatron_log_from_the_seed_notes():
+def test_parse_megatron_log_from_the_tutorial_log():
     df = parse_log((ROOT / "data" / "megatron_log_h200_dp2.txt").read_text())
     assert list(df.iteration) == [26, 27] and set(df.train_iters) == {500000}
     assert list(df.elapsed_ms) == [436.9, 437.5] and list(df.global_batch_size) == [64, 64]

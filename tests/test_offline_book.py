@@ -15,7 +15,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import yaml
+
+yaml = pytest.importorskip("yaml", reason="the book tools (requirements.txt) are not installed")
 
 ROOT = Path(__file__).resolve().parents[1]
 MATHJAX = ROOT / "book" / "_static" / "mathjax"

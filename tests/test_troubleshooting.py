@@ -62,7 +62,8 @@ def _comparable(text: str) -> list[str]:
         skipping = False
         if line.strip() in ("...", "") or line.startswith("Traceback"):
             continue
-        out.append(line.rstrip())
+        # the folder torch was built in shows in gloo's messages: [/__w/pytorch/pytorch/third_party/..
+        out.append(re.sub(r"\[/\S*?/third_party/", "[.../third_party/", line.rstrip()))
     return out
 
 

@@ -51,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--iters", type=int, default=10, help="timed steps (default 10)")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the GPU's dense bf16 peak, when its name is not in labkit.calc.GPUS")
+    ap.add_argument("--attention", default="math,sdpa",
+                    help="comma-separated: math (labkit's, stores the s x s probabilities) and/or sdpa "
+                         "(torch's fused scaled_dot_product_attention, FlashAttention kernels); "
+                         "default both, one row each")
     ap.add_argument("--skip-tests", action="store_true", help="do not run pytest -m gpu")
     ap.add_argument("--skip-bench", action="store_true", help="no step or bandwidth measurement")
     ap.add_argument("--tests-timeout", type=float, default=3600.0, help="seconds for pytest -m gpu")
@@ -75,11 +79,17 @@ def verdict(report: dict) -> list:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    from . import step
     from .step import MODELS
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(names) - set(MODELS))
     if unknown:
         print(f"gpu-check: unknown model(s) {unknown}; choose from {sorted(MODELS)}", file=sys.stderr)
+        return EXIT_USAGE
+    attentions = [a.strip() for a in args.attention.split(",") if a.strip()]
+    if not attentions or set(attentions) - set(step.ATTENTION):
+        print(f"gpu-check: --attention takes {', '.join(step.ATTENTION)}, got {args.attention!r}",
+              file=sys.stderr)
         return EXIT_USAGE
     import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -89,7 +99,7 @@ def main(argv=None) -> int:
               f"and no report written. Run it on a GPU node with the CUDA build of torch (README).",
               file=sys.stderr)
         return EXIT_NO_GPU
-    from . import bandwidth, checks, step
+    from . import bandwidth, checks
     from .report import write_report
     from .system import system_info, topology
     out = Path(args.out)
@@ -103,9 +113,10 @@ def main(argv=None) -> int:
                                 f"the column), {args.warmup} warm-up + {args.iters} timed steps, bf16 "
                                 f"autocast, fp32 AdamW; FLOPs: Megatron-LM's count, causal attention. "
                                 f"Memory: torch.cuda.max_memory_allocated vs labkit.calc.memory_per_stage "
-                                f"(4+4+8 bytes per parameter, 2-byte activations, math attention).")
+                                f"(4+4+8 bytes per parameter, 2-byte activations; attention "
+                                f"math: s x s probabilities stored, sdpa: calc's flash attention).")
         report["step"] = step.run({m: MODELS[m] for m in names}, args.micro_batch_size,
-                                  args.warmup, args.iters, peak)
+                                  args.warmup, args.iters, peak, attentions=attentions)
         save()
         if n >= 2:
             report["bandwidth_notes"] = (f"{n} ranks, one per GPU; fp32 buffers; time = mean over ranks "

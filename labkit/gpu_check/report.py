@@ -46,16 +46,25 @@ def _step(report) -> list:
     body = []
     for r in rows:
         if "error" in r:
-            body.append([r["model"], "error: " + r["error"].splitlines()[-1][:200]] + [""] * 8)
+            body.append([r["model"], r.get("attention", "math"),
+                         "error: " + r["error"].splitlines()[-1][:200]] + [""] * 8)
             continue
-        body.append([r["model"], f"{r['num_parameters'] / 1e6:.0f}M",
+        body.append([r["model"], r.get("attention", "math"), f"{r['num_parameters'] / 1e6:.0f}M",
                      f"{r['micro_batch_size']} x {r['seq_length']}", f"{r['step_seconds'] * 1e3:.1f}",
                      f"{r['tokens_per_second']:,.0f}", f"{r['achieved_flops'] / 1e12:.1f}",
                      f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a",
                      _gib(r["peak_memory_bytes"]), _gib(r["predicted_memory_bytes"]),
                      "n/a" if r["memory_error"] is None else f"{r['memory_error']:+.1%}"])
-    lines += _table(["model", "parameters", "batch x seq", "step (ms)", "tokens/s", "model TFLOP/s",
+    lines += _table(["model", "attention", "parameters", "batch x seq", "step (ms)", "tokens/s", "model TFLOP/s",
                      "MFU", "peak memory (GiB)", "labkit.calc (GiB)", "measured vs calc"], body)
+    parts = [r for r in rows if r.get("static_bytes") is not None]
+    if parts:
+        lines += ["", "Memory in parts (one more, untimed step): between steps, and what the forward adds.", ""]
+        lines += _table(["model", "attention", "weights + AdamW, measured (GiB)", "calc params + optimizer (GiB)",
+                         "saved by the forward, measured (GiB)", "calc activations (GiB)", "ratio"],
+                        [[r["model"], r.get("attention", "math"), _gib(r["static_bytes"]), _gib(r["predicted_static_bytes"]),
+                          _gib(r["saved_bytes"]), _gib(r["predicted_activation_bytes"]),
+                          f"{r['saved_bytes'] / r['predicted_activation_bytes']:.2f}"] for r in parts])
     return lines + [""]
 
 

@@ -19,8 +19,11 @@ so the MFU is a floor for this model code, not for the GPU.
 
 Memory prediction: ``labkit.calc.memory_per_stage`` for the same model and batch, with 4-byte
 weights and gradients, 8 bytes of AdamW state per parameter, 2-byte activations, no dropout, and
-math attention. Not modelled: autocast's bf16 copies of the weights, the fp32 softmax output
-autocast keeps, the allocator's fragmentation; the report shows the difference.
+math attention. Not modelled: autocast's bf16 copies of the weights, the fp32 tensors autocast
+keeps (residual stream, LayerNorm and softmax outputs, the logits for the loss), the allocator's
+fragmentation. An extra untimed step reads memory in two parts so the report shows where the
+difference is: between steps (weights + AdamW state, against calc's params + optimizer) and what the
+forward adds (tensors saved for backward, against calc's activations).
 """
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ from ..model import GPTConfig, preset
 MODELS = {"gpt2": preset("gpt2"),
           "gpt2-medium": preset("gpt2-medium"),
           "gpt2-large": preset("gpt2-large")}
+# "math": labkit.model's attention (what the labs run); "sdpa": the same model with torch's fused
+# scaled_dot_product_attention (FlashAttention kernels on Hopper), calc's attention="flash"
+ATTENTION = {"math": "math", "sdpa": "flash"}
 PRECISION = calc.PrecisionConfig(4, 4, 8, 2, "fp32 weights and AdamW, bf16 autocast activations")
 
 
@@ -44,28 +50,48 @@ def calc_model(cfg: GPTConfig) -> calc.ModelConfig:
 
 
 def summarize(name: str, cfg: GPTConfig, micro_batch_size: int, step_seconds: float,
-              peak_memory_bytes: int | None, peak_flops: float | None) -> dict:
-    """One report row from a measured step: throughput, MFU and memory next to labkit.calc."""
+              peak_memory_bytes: int | None, peak_flops: float | None,
+              static_bytes: int | None = None, saved_bytes: int | None = None,
+              attention: str = "math") -> dict:
+    """One report row from a measured step: throughput, MFU and memory next to labkit.calc.
+
+    ``static_bytes`` (between steps: weights, optimizer state) and ``saved_bytes`` (what the
+    forward adds) are compared with calc's params + optimizer and activations, when measured.
+    """
     model, par = calc_model(cfg), calc.ParallelConfig(world_size=1, micro_batch_size=micro_batch_size)
     flops = calc.model_flops_per_iteration(model, par)
-    predicted = calc.memory_per_stage(model, par, PRECISION, dropout=False, attention="math")[0]
-    return {"model": name, "num_parameters": predicted["num_params"],
+    predicted = calc.memory_per_stage(model, par, PRECISION, dropout=False,
+                                      attention=ATTENTION[attention])[0]
+    return {"model": name, "attention": attention, "num_parameters": predicted["num_params"],
             "micro_batch_size": micro_batch_size, "seq_length": cfg.seq_length,
             "step_seconds": step_seconds,
             "tokens_per_second": micro_batch_size * cfg.seq_length / step_seconds,
             "model_flops": flops, "achieved_flops": flops / step_seconds, "peak_flops": peak_flops,
             "mfu": calc.utilization(flops, step_seconds, 1, peak_flops) if peak_flops else None,
             "peak_memory_bytes": peak_memory_bytes, "predicted_memory_bytes": predicted["total"],
-            "memory_error": None if peak_memory_bytes is None else peak_memory_bytes / predicted["total"] - 1}
+            "memory_error": None if peak_memory_bytes is None else peak_memory_bytes / predicted["total"] - 1,
+            "static_bytes": static_bytes, "predicted_static_bytes": predicted["params"] + predicted["optimizer"],
+            "saved_bytes": saved_bytes, "predicted_activation_bytes": predicted["activations"]}
 
 
-def _timed_steps(cfg, micro_batch_size, warmup, iters):
+def _sdpa(q, k, v):           # [b, n, s, d] each; presets have attention_dropout 0
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _timed_steps(cfg, micro_batch_size, warmup, iters, attention="math"):
     import torch
 
     from ..launcher import device, timer
-    from ..model import GPT
+    from ..model import GPT, CoreAttention
     dev = device()
     model = GPT(cfg, seed=0).to(dev)
+    if attention == "sdpa":
+        if cfg.attention_dropout:
+            raise ValueError("attention='sdpa' here has no dropout; this model has attention_dropout > 0")
+        for m in model.modules():
+            if isinstance(m, CoreAttention):
+                m.forward = _sdpa
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator(device=dev).manual_seed(0)
     data = torch.randint(0, cfg.vocab_size, (micro_batch_size, cfg.seq_length + 1), device=dev,
@@ -88,10 +114,26 @@ def _timed_steps(cfg, micro_batch_size, warmup, iters):
     with timer() as t:
         for _ in range(iters):
             loss = step()
-    return t.seconds / iters, torch.cuda.max_memory_allocated(dev) if cuda else None, float(loss)
+    if not cuda:
+        return t.seconds / iters, None, float(loss), None
+    peak = torch.cuda.max_memory_allocated(dev)
+    # One more, untimed step, read in parts: what lives between steps (weights, AdamW state, the
+    # batch; grads are None) and what the forward adds (tensors saved for backward, autocast's bf16
+    # weight copies among them, and the loss) -- the two halves of calc's prediction.
+    torch.cuda.synchronize(dev)
+    static = torch.cuda.memory_allocated(dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        last = model.loss(tokens, labels)
+    torch.cuda.synchronize(dev)
+    saved = torch.cuda.memory_allocated(dev) - static
+    last.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return t.seconds / iters, peak, float(loss), {"static_bytes": static, "saved_bytes": saved}
 
 
-def measure_step(cfg: GPTConfig, micro_batch_size: int, warmup: int, iters: int) -> dict:
+def measure_step(cfg: GPTConfig, micro_batch_size: int, warmup: int, iters: int,
+                 attention: str = "math") -> dict:
     """Runs in a rank on one GPU: the timed steps, halving the micro batch on out-of-memory."""
     import gc
 
@@ -99,9 +141,9 @@ def measure_step(cfg: GPTConfig, micro_batch_size: int, warmup: int, iters: int)
     b = micro_batch_size
     while b >= 1:
         try:
-            seconds, peak, loss = _timed_steps(cfg, b, warmup, iters)
+            seconds, peak, loss, parts = _timed_steps(cfg, b, warmup, iters, attention)
             return {"micro_batch_size": b, "step_seconds": seconds, "peak_memory_bytes": peak,
-                    "loss": loss}
+                    "loss": loss} | (parts or {})
         except torch.OutOfMemoryError:
             pass
         gc.collect()                 # the failed step's tensors, now unreferenced
@@ -111,25 +153,27 @@ def measure_step(cfg: GPTConfig, micro_batch_size: int, warmup: int, iters: int)
 
 
 def run(models: dict, micro_batch_size: int, warmup: int, iters: int, peak: float | None,
-        backend: str = "nccl", say=print) -> list:
-    """Measure each model (name -> GPTConfig) in its own one-rank launch; one report row each."""
+        backend: str = "nccl", say=print, attentions=("math",)) -> list:
+    """Measure each model (name -> GPTConfig) and attention in its own one-rank launch; a row each."""
     from ..launcher import launch
     rows = []
     for name, cfg in models.items():
-        say(f"gpu-check: {name}: {cfg.num_parameters() / 1e6:.0f}M parameters, micro batch "
-            f"{micro_batch_size} x {cfg.seq_length} tokens ...")
-        try:
-            [got] = launch(measure_step, 1, cfg, micro_batch_size, warmup, iters, backend=backend,
-                           timeout=1800)
-        except Exception as e:  # noqa: BLE001 - one model's failure is a row of the report
-            got = {"error": f"{type(e).__name__}: {str(e)[-2000:]}"}
-        if "error" in got:
-            rows.append({"model": name, "error": got["error"]})
-        else:
-            row = summarize(name, cfg, got["micro_batch_size"], got["step_seconds"],
-                            got["peak_memory_bytes"], peak)
-            rows.append(row | {"loss": got["loss"]})
-        say(f"gpu-check: {name}: {rows[-1].get('error') or _line(rows[-1])}")
+        for attention in attentions:
+            say(f"gpu-check: {name} ({attention} attention): {cfg.num_parameters() / 1e6:.0f}M "
+                f"parameters, micro batch {micro_batch_size} x {cfg.seq_length} tokens ...")
+            try:
+                [got] = launch(measure_step, 1, cfg, micro_batch_size, warmup, iters, attention,
+                               backend=backend, timeout=1800)
+            except Exception as e:  # noqa: BLE001 - one model's failure is a row of the report
+                got = {"error": f"{type(e).__name__}: {str(e)[-2000:]}"}
+            if "error" in got:
+                rows.append({"model": name, "attention": attention, "error": got["error"]})
+            else:
+                row = summarize(name, cfg, got["micro_batch_size"], got["step_seconds"],
+                                got["peak_memory_bytes"], peak, got.get("static_bytes"),
+                                got.get("saved_bytes"), attention)
+                rows.append(row | {"loss": got["loss"]})
+            say(f"gpu-check: {name} ({attention}): {rows[-1].get('error') or _line(rows[-1])}")
     return rows
 
 
