@@ -15,7 +15,8 @@ part, so a run that stops part-way still leaves what it measured:
 2. **Single-GPU step** on GPU 0 of GPT-2 small (124M), medium (350M) and large (774M): step time,
    tokens/s, MFU, and peak memory next to ``labkit.calc``'s prediction for the same run.
    Batch 4 x 1024 tokens, bf16 autocast, fp32 AdamW; FLOPs by Megatron-LM's count (causal
-   attention). Details: :mod:`labkit.gpu_check.step`.
+   attention); each model with labkit's attention and with torch's fused SDPA, and memory split
+   into what lives between steps and what the forward saves. Details: :mod:`labkit.gpu_check.step`.
 3. **NCCL bandwidth** (2 or more GPUs): algorithm and bus bandwidth of all-reduce, all-gather and
    reduce-scatter from 1 MiB to 1 GiB, as nccl-tests defines them (:mod:`labkit.gpu_check.bandwidth`).
 4. **Checks**: ``pytest -m gpu tests/`` — every ``gpu``-marked test (NCCL launches, p2p, pipeline,

@@ -15,7 +15,8 @@ FLOPs are ``labkit.calc.model_flops_per_iteration``: Megatron-LM's ``num_floatin
 (half of the s x s products: 6*b*s*L*h*s per step instead of 12*b*s*L*h*s) and no recomputation.
 MFU = those FLOPs / (step time x the GPU's dense bf16 peak) (Chowdhery et al. 2022, PaLM, App. B).
 labkit's attention is the plain "math" one (the s x s probabilities are stored), not FlashAttention,
-so the MFU is a floor for this model code, not for the GPU.
+so its MFU is a floor for this model code, not for the GPU; each model therefore also runs with
+torch's fused ``scaled_dot_product_attention`` swapped in (``--attention``, rows "sdpa").
 
 Memory prediction: ``labkit.calc.memory_per_stage`` for the same model and batch, with 4-byte
 weights and gradients, 8 bytes of AdamW state per parameter, 2-byte activations, no dropout, and
