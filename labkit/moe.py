@@ -247,7 +247,9 @@ class MoELayer(nn.Module):
     def forward(self, hidden):                                          # [b, s, h] -> [b, s, h]
         b, s, h = hidden.shape
         x = hidden.reshape(b * s, h)
-        shared = self.shared_experts(x) if self.shared_experts is not None else None
+        # on [b, s, h], so that under TP + SP its column/row-parallel linears gather and scatter the
+        # sequence as the dense MLP's do (labkit.tensor_parallel.plan)
+        shared = self.shared_experts(hidden).reshape(b * s, h) if self.shared_experts is not None else None
         probs, routing_map = self.router(x, (b, s))
         capacity = self.router.capacity if self.pad_to_capacity else None
         y = self.token_dispatcher(x, probs, routing_map, self.experts, capacity)

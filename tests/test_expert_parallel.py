@@ -58,6 +58,9 @@ LAYOUTS = {  # name: (world size, layout)
                                           sequence_parallel=True, **AG)),
     "ep2 pp2 alltoall capacity": (4, dict(expert_model_parallel_size=2, pipeline_model_parallel_size=2,
                                           moe_expert_capacity_factor=1.0, **A2A)),
+    "ep2 tp2 sp shared alltoall": (4, dict(expert_model_parallel_size=2, tensor_model_parallel_size=2,
+                                           sequence_parallel=True, moe_shared_expert_intermediate_size=48,
+                                           **A2A)),   # shared expert cut over tp like the dense MLP
 }
 
 

@@ -34,8 +34,12 @@ def _tagged_norm(m, g):
     return m
 
 
-def tp_plan(sequence_parallel: bool = False) -> dict[str, Style]:
-    """{module name pattern: Style}, applied in this order by :func:`apply_tensor_parallel`."""
+def tp_plan(sequence_parallel: bool = False, shared_experts: bool = False) -> dict[str, Style]:
+    """{module name pattern: Style}, applied in this order by :func:`apply_tensor_parallel`.
+
+    ``shared_experts``: the model's MoE layers have a shared expert (Megatron's SharedExpertMLP),
+    cut over tp like the dense MLP; the routed experts are the expert-parallel plan's.
+    """
     sp = sequence_parallel
     col = Style("g (all-gather seq) -> column" if sp else "f -> column",
                 lambda m, g: ColumnParallelLinear.from_dense(m, g, sequence_parallel=sp))
@@ -55,6 +59,8 @@ def tp_plan(sequence_parallel: bool = False) -> dict[str, Style]:
         "decoder.layers.*.pre_mlp_layernorm": norm,
         "decoder.layers.*.mlp.linear_fc1": Style(col.what + ", 4h/t", col.build),
         "decoder.layers.*.mlp.linear_fc2": row,
+        **({"decoder.layers.*.mlp.shared_experts.linear_fc1": Style(col.what + ", shared ffn/t", col.build),
+            "decoder.layers.*.mlp.shared_experts.linear_fc2": row} if shared_experts else {}),
         "decoder.final_layernorm": norm,
         "output_layer": Style(("g (all-gather seq)" if sp else "f") + " -> vocab rows V/t", col.build),
         "loss_fn": Style("vocab-parallel cross-entropy", lambda m, g: VocabParallelCrossEntropyLoss(g)),
@@ -93,4 +99,7 @@ def apply_tensor_parallel(model: nn.Module, group: Group, sequence_parallel: boo
     divide(cfg.num_attention_heads, t, "num_attention_heads")  # each tp rank needs whole heads
     divide(cfg.ffn_hidden_size, t, "ffn_hidden_size")
     divide(cfg.vocab_size, t, "padded vocab_size")
-    return apply_plan(model, tp_plan(sequence_parallel), group)
+    shared = getattr(cfg, "moe_shared_expert_intermediate_size", None)
+    if shared:
+        divide(shared, t, "moe_shared_expert_intermediate_size")
+    return apply_plan(model, tp_plan(sequence_parallel, shared_experts=bool(shared)), group)
