@@ -99,7 +99,7 @@ def apply_tensor_parallel(model: nn.Module, group: Group, sequence_parallel: boo
     divide(cfg.num_attention_heads, t, "num_attention_heads")  # each tp rank needs whole heads
     divide(cfg.ffn_hidden_size, t, "ffn_hidden_size")
     divide(cfg.vocab_size, t, "padded vocab_size")
-    shared = getattr(cfg, "moe_shared_expert_intermediate_size", None)
+    shared = cfg.moe_shared_expert_intermediate_size
     if shared:
         divide(shared, t, "moe_shared_expert_intermediate_size")
     return apply_plan(model, tp_plan(sequence_parallel, shared_experts=bool(shared)), group)
