@@ -18,7 +18,7 @@ LAYERS = {
     # L0 pure: rules, layouts, calculators, schedules as data
     "labkit.topology": 0, "labkit.config": 0, "labkit.param_attrs": 0, "labkit.calc": 0,
     "labkit.pipeline_parallel.schedules": 0, "labkit.pipeline_parallel.simulate": 0,
-    "labkit.pipeline_parallel.p2p_plan": 0,
+    "labkit.pipeline_parallel.p2p_plan": 0, "labkit.figures.style": 0,
     # L1 runtime: processes, groups, collectives, the dense model, data
     "labkit.launcher": 1, "labkit.launch_rank": 1, "labkit.launch_collect": 1, "labkit.groups": 1, "labkit.comm": 1,
     "labkit.data": 1, "labkit.indexed_dataset": 1, "labkit.model": 1, "labkit.moe": 1,
@@ -30,6 +30,7 @@ LAYERS = {
     # L4 tools
     "labkit.measure": 4, "labkit.check": 4, "labkit.megatron_bridge": 4, "labkit.widgets": 4,
     "labkit.notebooks": 4, "labkit.__main__": 4, "labkit.gpu_check": 4, "labkit.experiments": 4,
+    "labkit.figures": 4,
 }
 STRATEGIES = ("tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel",
               "data_parallel")
