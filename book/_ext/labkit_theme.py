@@ -5,7 +5,9 @@ assets the book does not use. After an HTML build this
 
 * replaces Font Awesome's 1.49 MB script (which swaps ``<i class="fa-solid fa-bars">`` for SVGs)
   by ``_static/labkit-icons.css``: the few icons the pages name, drawn as CSS masks from the same
-  paths (Font Awesome Free, CC BY 4.0, read from the theme's own copy), so no icon font loads either;
+  paths (Font Awesome Free, CC BY 4.0, read from the theme's own copy). The theme's icon font stays:
+  its CSS draws admonition and link icons with it, and a browser fetches it (156 KB) only for a
+  page that shows one;
 * drops Sphinx's search script and 120 KB index from every page but the search page (the theme's
   search box submits to search.html, where they stay);
 * drops sphinx-thebe (no page has a launch button) and its inline configuration;
@@ -96,7 +98,6 @@ def finish(app, exception):
         (static / "labkit-icons.css").write_text(icons_css(names - set(missing), icons))
         for f in (fa, fa.with_suffix(".js.map"), fa.with_name("fontawesome.js.LICENSE.txt")):
             f.unlink(missing_ok=True)
-        shutil.rmtree(static / "vendor" / "fontawesome", ignore_errors=True)
     elif not (static / "labkit-icons.css").exists():
         log.warning("labkit_theme: the theme's scripts/fontawesome.js was not found: no icons")
     if not widgets:

@@ -157,6 +157,7 @@
     form.addEventListener("change", (e) => { if (e.target.type === "number") update(); });   // Enter / leaving the field: at once
     show(cache.get(canonical(data.defaults)), "ready");
     box.dataset.inputs = canonical(data.defaults);
+    box.dataset.firstAnswerMs = performance.now().toFixed(1);   // read by tests/bench_book.py
   }
 
   window.labkitCalculators = { mount };

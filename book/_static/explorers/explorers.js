@@ -64,7 +64,7 @@
     let index = Math.max(0, choices.indexOf(value));
     const out = h("output", { for: id, class: "lx-value" }, show(choices[index]));
     const input = h("input", { id, type: "range", min: 0, max: choices.length - 1, step: 1, value: index,
-                               name, "aria-valuetext": show(choices[index]) });
+                               name, "aria-valuetext": show(choices[index]), "data-choices": JSON.stringify(choices) });
     input.addEventListener("input", () => {
       index = +input.value;
       out.textContent = show(choices[index]);
@@ -121,7 +121,7 @@
       workerReady = new Promise((resolve, reject) => {
         worker.addEventListener("message", (e) => {
           const msg = e.data;
-          if (msg.ready) { resolve(msg); return; }
+          if (msg.ready) { api.pythonReadyMs = performance.now(); api.pythonStartMs = msg.ms; resolve(msg); return; }
           if (msg.failed) { reject(new Error(msg.failed)); return; }
           const done = waiting.get(msg.id);
           if (done) { waiting.delete(msg.id); done(msg); }
@@ -154,13 +154,14 @@
     try {
       body.replaceChildren();
       kind(fig, body, config, data);
+      fig.dataset.firstAnswerMs = performance.now().toFixed(1);   // read by tests/bench_book.py
     } catch (err) {
       body.replaceChildren(h("p", { class: "lx-error" }, "This explorer failed to start: " + err));
       console.error(err);
     }
   }
 
-  window.labkitExplorers = {
+  const api = window.labkitExplorers = {
     base, kinds, mount, h, s, num, bytes, flops, seconds, percent, integer, choiceSlider,
     choiceSelect, checkbox, perFrame, debounce, ask, python, pythonStarted,
     reduceMotion: () => !!(reduceMotion && reduceMotion.matches),

@@ -74,7 +74,8 @@
   }
 
   X.kinds.pipeline = function (fig, body, config, data) {
-    const state = { name: config.schedule, p: config.p, m: config.m, v: config.v, t: 0, playing: null };
+    // t starts at the end: the whole schedule is on screen; play runs it again from 0
+    const state = { name: config.schedule, p: config.p, m: config.m, v: config.v, t: data.case.makespan, playing: null };
     const cases = new Map([[data.key, data.case]]);
     const key = () => `${state.name}/${state.p}/${state.m}/${state.name === "interleaved" ? state.v : 1}`;
     const status = h("p", { class: "lx-status", role: "status", "aria-live": "polite" });
@@ -139,7 +140,7 @@
         else { status.textContent = "loading the schedules ..."; loadGrid().then(() => change({})); return; }
       }
       const c = cases.get(k);
-      state.t = c && !c.error ? Math.min(state.t, c.makespan) : 0;
+      state.t = c && !c.error ? c.makespan : 0;    // a new schedule is shown whole
       draw();
     }
 
@@ -219,7 +220,8 @@
         const x = left + e.start * unit, w = (e.end - e.start) * unit, y = top + e.rank * row + 2;
         const future = e.start >= state.t;
         const g = s("g", { class: future ? "lx-future" : (e.end > state.t ? "lx-now" : "lx-done") },
-          s("rect", { x, y, width: w, height: row - 4, fill: colour, "data-end": e.end, "data-start": e.start },
+          s("rect", { x, y, width: w, height: row - 4, fill: colour, "data-end": e.end, "data-start": e.start,
+                      "data-rank": e.rank, "data-action": `${e.kind}${e.mb}` + (e.chunk ? `.${e.chunk}` : "") },
             s("title", null, `${KIND[e.kind]} of microbatch ${e.mb}` + (v > 1 ? `, chunk ${e.chunk}` : "") + ` on rank ${e.rank}: ${fmtT(e.start)}–${fmtT(e.end)}`)));
         if (w >= 11) g.append(s("text", { x: x + w / 2, y: y + (row - 4) / 2 + 4, "text-anchor": "middle",
                                           class: e.chunk === 0 || e.kind !== "F" ? "lx-box lx-light" : "lx-box" }, String(e.mb)));
