@@ -142,12 +142,7 @@ def _memory_option(name):
     if all(isinstance(c, bool) for c in choices):
         return _bool
     if all(isinstance(c, int) for c in choices):
-        def conv(text):
-            value = directives.nonnegative_int(text)
-            if value not in choices:
-                raise ValueError(f"must be one of {', '.join(map(str, choices))}; got {value}")
-            return value
-        return conv
+        return _choice_int(choices)
     return _choice(choices)
 
 
@@ -160,6 +155,16 @@ MEMORY_OPTIONS = {"model": "model", "seq_length": "seq_length", "micro_batch_siz
                   "recompute": "recompute_granularity", "precision": "precision",
                   "attention": "attention", "gpu": "gpu"}
 RANK_AXES = ("tp", "cp", "dp", "pp", "ep", "edp")
+POW2_64 = (1, 2, 4, 8, 16, 32, 64)   # the rank grid's menus (rankgrid.js)
+
+
+def _choice_int(values):
+    def conv(text):
+        value = directives.nonnegative_int(text)
+        if value not in values:
+            raise ValueError(f"must be one of {', '.join(map(str, values))}; got {value}")
+        return value
+    return conv
 
 
 class LabkitExplorer(Directive):
@@ -167,27 +172,33 @@ class LabkitExplorer(Directive):
 
     required_arguments = 1
     has_content = False
-    option_spec = {
-        "caption": directives.unchanged,
-        # pipeline
-        "schedule": _choice(SCHEDULES), "p": _int_in(2, 8), "m": _int_in(1, 16), "v": _int_in(1, 4),
-        # rank grid (tp, pp, cp, ep shared with memory below)
-        "world_size": _int_in(1, 256), "show": _choice(RANK_AXES),
-        **{opt: _memory_option(key) for opt, key in MEMORY_OPTIONS.items()},
+    # Options are read as text here and converted per explorer in run(): the same name (m, tp)
+    # means different things, with different ranges, in different explorers.
+    CONVERTERS = {
+        "pipeline": {"schedule": _choice(SCHEDULES), "p": _int_in(2, 8), "m": _int_in(1, 16), "v": _int_in(1, 4)},
+        "memory": {opt: _memory_option(key) for opt, key in MEMORY_OPTIONS.items()},
+        "rank-grid": {"world_size": _choice_int((8, 16, 32, 64)), "tp": _choice_int(POW2_64),
+                      "cp": _choice_int(POW2_64), "ep": _choice_int(POW2_64), "pp": _choice_int(POW2_64),
+                      "show": _choice(RANK_AXES)},
     }
-    ALLOWED = {"pipeline": {"caption", "schedule", "p", "m", "v"},
-               "memory": {"caption", *MEMORY_OPTIONS},
-               "rank-grid": {"caption", "world_size", "tp", "cp", "ep", "pp", "show"}}
+    option_spec = {"caption": directives.unchanged,
+                   **{name: directives.unchanged for conv in CONVERTERS.values() for name in conv}}
 
     def run(self):
         kind = self.arguments[0]
-        if kind not in self.ALLOWED:
+        if kind not in self.CONVERTERS:
             raise self.error(f"labkit-explorer: unknown explorer {kind!r}; choose one of "
-                             f"{', '.join(self.ALLOWED)}")
-        extra = set(self.options) - self.ALLOWED[kind]
+                             f"{', '.join(self.CONVERTERS)}")
+        convert = self.CONVERTERS[kind]
+        extra = set(self.options) - set(convert) - {"caption"}
         if extra:
             raise self.error(f"labkit-explorer {kind}: options {sorted(extra)} do not apply; "
-                             f"allowed: {sorted(self.ALLOWED[kind])}")
+                             f"allowed: {sorted(convert)} and caption")
+        for name in set(self.options) & set(convert):
+            try:
+                self.options[name] = convert[name](self.options[name])
+            except ValueError as err:
+                raise self.error(f"labkit-explorer {kind}: option :{name}: {err}")
         env = self.state.document.settings.env
         try:
             config, data = getattr(self, "_" + kind.replace("-", "_"))(env)

@@ -115,7 +115,10 @@
   // does not download Python. Answers are {id, answer} messages; one request in flight per caller.
   let worker = null, workerReady = null, nextId = 0;
   const waiting = new Map();
+  const FILE_HINT = "this page was opened from a file (file://), where browsers refuse to start Python: "
+    + "serve the book over http (python -m http.server -d _build/html) and open it there";
   function python() {
+    if (window.location.protocol === "file:") return Promise.reject(new Error(FILE_HINT));
     if (!worker) {
       worker = new Worker(base + "calc-worker.js", { type: "module" });
       workerReady = new Promise((resolve, reject) => {
@@ -162,7 +165,7 @@
   }
 
   const api = window.labkitExplorers = {
-    base, kinds, mount, h, s, num, bytes, flops, seconds, percent, integer, choiceSlider,
+    base, kinds, mount, FILE_HINT, h, s, num, bytes, flops, seconds, percent, integer, choiceSlider,
     choiceSelect, checkbox, perFrame, debounce, ask, python, pythonStarted,
     reduceMotion: () => !!(reduceMotion && reduceMotion.matches),
   };

@@ -137,7 +137,16 @@
       const k = key();
       if (!cases.has(k)) {
         if (grid) cases.set(k, grid.cases[k]);
-        else { status.textContent = "loading the schedules ..."; loadGrid().then(() => change({})); return; }
+        else {
+          status.textContent = "loading the schedules ...";
+          loadGrid().then(() => change({}), () => {
+            gridLoading = null;   // try again on the next change
+            status.textContent = window.location.protocol === "file:"
+              ? "The other schedules are in a data file that a page opened from a file cannot read: " + X.FILE_HINT.split(": ")[1] + "."
+              : "could not load the schedules (pipeline.json); try again";
+          });
+          return;
+        }
       }
       const c = cases.get(k);
       state.t = c && !c.error ? c.makespan : 0;    // a new schedule is shown whole
