@@ -116,7 +116,8 @@
       const c = t.coords(st.selected);
       detail.replaceChildren(h("p", null, h("b", null, `rank ${st.selected}`), ` (node ${Math.floor(st.selected / GPUS_PER_NODE)}): `
         + `tp ${c.tp}, cp ${c.cp}, dp ${c.dp}, pp ${c.pp}` + (st.ep > 1 ? `, ep ${c.ep}, expert dp ${c.edp}` : "")),
-        h("ul", null, ["tp", "cp", "dp", "pp", "ep", "edp"].filter((a) => t[a] > 1 || a === st.show).map((a) => {
+        h("ul", null, ["tp", "cp", "dp", "pp", "ep", "edp"].filter((a) => a === st.show
+            || (t[a] > 1 && (st.ep > 1 || (a !== "ep" && a !== "edp")))).map((a) => {
           const g = t.groups(a).find((x) => x.includes(st.selected));
           return h("li", null, `${LABEL[a]} group: `, h("span", { dataset: { key: `group_${a}`, value: JSON.stringify(g) } }, `[${g.join(", ")}]`));
         })));
