@@ -36,7 +36,8 @@ def predicted_held_mb(config: dict, world_size: int) -> float:
     cfg = TrainConfig(**config)
     b = 8 if cfg.params_dtype == "float64" else 4
     model, par = cfg.megatron_view(world_size)
-    rows = memory_per_stage(model, par, PrecisionConfig(b, b, 2 * b, b, cfg.params_dtype))
+    rows = memory_per_stage(model, par, PrecisionConfig(b, b, 2 * b, b, cfg.params_dtype),
+                            attention="math")   # labkit's dense attention (only the states are read)
     return max(r["params"] + r["grads"] + r["optimizer"] for r in rows) / 2 ** 20
 
 
