@@ -42,6 +42,10 @@ def test_cp_ring_bytes_per_rank_are_12_c_minus_1_over_c_s_b_hkv_in_16_bit(c, s, 
     (lambda: calc.alpha_beta_time(100, float("nan")), "bandwidth"),
     (lambda: calc.alpha_beta_time(100, 1e9, latency=-1e-6), "latency"),
     (lambda: calc.collective_time("all_reduce", -1, 4, 1e9), "n_bytes"),
+    (lambda: calc.zero_memory_per_rank(float("nan"), 4, 1), "num_params"),
+    (lambda: calc.zero_memory_per_rank(-10, 4, 1), "num_params"),
+    (lambda: calc.activation_bytes_per_layer(-1024, 1, 64, 4), "seq_length"),
+    (lambda: calc.activation_bytes_per_layer(1024, 1, 64, 4, tp=0), "tp"),
 ])
 def test_nan_negative_or_non_numeric_sizes_are_refused_by_name(call, name):
     with pytest.raises(ValueError, match=rf"^{name} must be"):

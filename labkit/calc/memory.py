@@ -23,6 +23,7 @@ import math
 
 from .config import (MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, num_microbatches,
                      virtual_pipeline_size)
+from .comm import _check_sizes
 from .params import stage_params
 
 ATTENTION = ("flash", "math")   # fused kernel (output + log-sum-exp) | materialized s x s scores
@@ -48,6 +49,7 @@ def zero_memory_per_rank(num_params, dp, zero_stage, bytes_param=4, bytes_grad=4
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
         raise ValueError(f"dp must be a positive integer, got {dp!r}")
+    _check_sizes(num_params=num_params, bytes_param=bytes_param, bytes_grad=bytes_grad, bytes_optim=bytes_optim)
     shard = math.ceil(num_params / dp)
     return {"params": (shard if zero_stage >= 3 else num_params) * bytes_param,
             "grads": (shard if zero_stage >= 2 else num_params) * bytes_grad,
@@ -65,6 +67,10 @@ def activation_bytes_per_layer(seq_length, micro_batch_size, hidden_size, num_at
       selective recompute drops the 5*a*s/h attention term; full recompute keeps only the
       layer input, 2*s*b*h (divided by t with SP).
     """
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                 num_attention_heads=num_attention_heads)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
     s, b, h, a, t = seq_length, micro_batch_size, hidden_size, num_attention_heads, tp
     if recompute not in (None, "selective", "full"):
         raise ValueError(f"recompute must be None, 'selective' or 'full', got {recompute!r}")
