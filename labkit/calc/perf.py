@@ -54,8 +54,8 @@ OPTIMIZER_BYTES = 30.0   # Adam: read fp32 param, grad, m, v (16 B); write param
 # runs.fit(runs.load_runs()), 4 significant digits, on every run of data/published_runs.csv (each
 # source weighted equally); book/planning.ipynb judges the model with each source left out instead.
 FITTED = ComputeConstants(
-    gemm_efficiency=(("V100", 0.7), ("A100", 0.7), ("H100", 0.7)),
-    fixed_seconds=0.1, fp8_ratio=0.8)
+    gemm_efficiency=(("V100", 0.5922), ("A100", 0.6741), ("H100", 0.6399)),
+    fixed_seconds=0.1191, fp8_ratio=0.7767)
 
 
 def collective(op: str, n_bytes: float, n: int, bandwidth: float, nodes: int = 1) -> float:
