@@ -321,3 +321,17 @@ def test_leave_one_source_out_numbers_are_reproduced():
     table = runs.load_runs()
     for s, (errs, _) in evaluate.loso(table).items():
         assert evaluate.describe(errs) == pytest.approx(ev["loso"][s]), s
+
+
+def test_chapter_headline_is_the_evaluation():
+    # book/planning.ipynb leads with the leave-one-source-out figure, then the fitted one
+    import json
+    from pathlib import Path
+    nb = json.loads((Path(runs.DATA).parents[1] / "book" / "planning.ipynb").read_text())
+    intro = "".join(nb["cells"][0]["source"])
+    ev = evaluate.load()
+    for part in ("loso_overall", "fitted_overall", "heldout_overall"):
+        for stat in ("median", "mean"):
+            assert f"{100 * ev[part][stat]:.1f}%" in intro, (part, stat)
+    assert intro.index(f"{100 * ev['loso_overall']['median']:.1f}%") < intro.index(
+        f"{100 * ev['fitted_overall']['median']:.1f}%")

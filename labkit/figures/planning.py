@@ -14,6 +14,14 @@ PALETTE = ("#1b6ca8", "#d1495b", "#2e933c", "#edae49", "#6a4c93", "#00798c", "#8
            "#4d4d4d", "#b07aa1", "#17becf", "#bcbd22")
 
 
+def _short(n: float) -> str:
+    """1024 -> 1K, 1048576 -> 1M: plain tick labels."""
+    for unit, div in (("M", 2 ** 20), ("K", 2 ** 10)):
+        if n >= div:
+            return f"{n / div:g}{unit}"
+    return f"{n:g}"
+
+
 def colors(sources) -> dict:
     """One color per source, stable in the order given."""
     return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(sources)}
@@ -29,7 +37,8 @@ def attention_curves(curves: list, seqs: list):
         ax.plot(xs, [f(x) for x in xs], color=c, lw=1.6, label=label)
         ax.plot(list(points), list(points.values()), "o", color=c, ms=4)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(seqs, [f"{s // 1024}K" if s >= 1024 else str(s) for s in seqs])
+    ax.set_xticks(seqs, [_short(s) for s in seqs])
+    ax.minorticks_off()
     ax.set(xlabel="key length per attention call (tokens)", ylabel="TFLOP/s (causal)", ylim=(0, None))
     ax.legend(loc="lower right", frameon=False)
     ax.grid(alpha=0.3)
@@ -51,6 +60,12 @@ def predicted_vs_measured(points: list, sources: list):
                    edgecolors="k" if held else "none", linewidths=0.4, alpha=0.85)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), aspect="equal",
            xlabel="measured step time (s)", ylabel="predicted step time (s)")
+    ticks = [10.0 ** k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
+    labels = [f"{t:g}" for t in ticks]          # plain text: mathtext exponents print too small
+    ax.set_xticks(ticks, labels)
+    ax.set_yticks(ticks, labels)
+    ax.minorticks_off()
+    ax.set(xlim=(lo, hi), ylim=(lo, hi))
     for s in sources:
         held = any(h for x, _, _, h in points if x == s)
         ax.scatter([], [], marker="^" if held else "o", color=col[s], label=s + (" (held out)" if held else ""))
@@ -71,6 +86,10 @@ def residual_panels(panels: list, sources: list):
             ax.scatter(x, 100 * e, s=9, color=col[s], alpha=0.8)
         if log2:
             ax.set_xscale("log", base=2)
+            xs = [x for _, x, _ in pts]
+            ticks = [2 ** k for k in range(math.floor(math.log2(min(xs))), math.ceil(math.log2(max(xs))) + 1, 2)]
+            ax.set_xticks(ticks, [_short(t) for t in ticks])
+            ax.minorticks_off()
         ax.set(xlabel=label, ylabel="error (%)")
         ax.set_ylim(-45, 45)
     fig.tight_layout()
