@@ -273,10 +273,11 @@ def test_fit_drops_constants_no_run_depends_on(table):
 
 def test_evaluation_file_is_what_the_model_computes(table):
     # data/step_time_evaluation.json (what the chapter reads) holds this model's in-sample errors
+    # (perf.FITTED is the same fit rounded to 4 significant digits: errors agree to 1e-3)
     rs, errs = table
     ev = evaluate.load()
     stored = {x["run_id"]: x["fitted"] for x in ev["runs"]}
-    assert {r["row"]["run_id"]: pytest.approx(e, abs=1e-9) for r, e in zip(rs, errs)} == stored
+    assert {r["row"]["run_id"]: pytest.approx(e, abs=1e-3) for r, e in zip(rs, errs)} == stored
     assert ev["heldout_sha256"] == runs.HELDOUT_SHA256
     # the chapter's headline: leave-one-source-out over the 365 runs (the goal: 6% / 9%)
     assert ev["loso_overall"]["median"] <= 0.07 and ev["loso_overall"]["mean"] <= 0.09

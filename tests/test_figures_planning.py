@@ -27,8 +27,8 @@ def test_attention_curves_show_published_points_and_fits():
 def test_run_figures_are_legible():
     pts = [("a", 1.0, 1.1, False), ("b", 10.0, 9.0, True), ("a", 100.0, 95.0, False)]
     assert "b (held out)" in _check(pfig.predicted_vs_measured(pts, ["a", "b"]))
-    panels = [("sequence length", True, [("a", 2048, 0.05), ("b", 65536, -0.1)]),
-              ("precision", False, [("a", 1, 0.02)])]
+    panels = [("sequence length", True, [("a", 2048, 0.05, False), ("b", 65536, -0.1, True)]),
+              ("precision", False, [("a", 1, 0.02, False)])]
     _check(pfig.residual_panels(panels, ["a", "b"]))
     svg = _check(pfig.error_by_source([("a", 10, 0.05, (0.03, 0.08), 0.12), ("b", 5, 0.04, (0.01, 0.07), None)]))
     assert "a (10)" in svg

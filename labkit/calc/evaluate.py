@@ -8,9 +8,10 @@ replacement, a fixed seed). The in-sample ("fitted") figure, every source in the
 The frozen held-out set (data/published_runs_heldout.csv) is predicted once, with the constants
 fitted on every run of the main table.
 
-``python -m labkit.calc.evaluate`` recomputes everything (several minutes of pure Python: one fit
-per source) and writes ``EVALUATION`` (data/step_time_evaluation.json), which the chapter reads;
-tests/test_calc_perf.py checks that the file is what this module computes.
+``python -m labkit.calc.evaluate`` recomputes the leave-one-source-out and fitted figures (several
+minutes of pure Python: one fit per source) into ``EVALUATION`` (data/step_time_evaluation.json),
+which the chapter reads; tests/test_calc_perf.py checks the file against the model. The held-out
+figures in it were computed once (``--heldout``), by the model of the commit they name, and are kept.
 """
 from __future__ import annotations
 
@@ -99,13 +100,24 @@ def load(path=EVALUATION) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def write(path=EVALUATION) -> dict:
-    res = evaluate()
+HELDOUT_KEYS = ("heldout_sha256", "heldout", "heldout_overall", "heldout_refused", "heldout_runs", "heldout_model_commit")
+
+
+def write(path=EVALUATION, heldout: bool = False) -> dict:
+    """Recompute the leave-one-source-out and fitted figures into ``path``. The held-out set's
+    figures are kept from the file unless ``heldout`` (it is evaluated once: the stored figures name
+    the commit of the model that made them)."""
+    old = load(path) if Path(path).exists() else {}
+    res = evaluate(heldout=heldout)
+    if not heldout:
+        res.update({k: old[k] for k in HELDOUT_KEYS if k in old})
     Path(path).write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
     return res
 
 
-if __name__ == "__main__":   # python -m labkit.calc.evaluate
-    r = write()
+if __name__ == "__main__":   # python -m labkit.calc.evaluate [--heldout]
+    import sys
+    r = write(heldout="--heldout" in sys.argv[1:])
     for name in ("loso_overall", "fitted_overall", "heldout_overall"):
-        print(name, {k: round(v, 4) for k, v in r[name].items()})
+        if name in r:
+            print(name, {k: round(v, 4) for k, v in r[name].items()})

@@ -30,7 +30,7 @@ def colors(sources) -> dict:
 def attention_curves(curves: list, seqs: list):
     """``curves``: [(label, points {seq: TFLOP/s} published, fitted function seq -> TFLOP/s)].
     Published bars as markers, the fitted E_inf s/(s + s_0) as lines, key length on a log axis."""
-    fig, ax = new(5.0, 3.2)
+    fig, ax = new(5.0, 3.6)
     xs = [2 ** (i / 4) for i in range(int(4 * math.log2(seqs[0])), int(4 * math.log2(seqs[-1])) + 1)]
     for i, (label, points, f) in enumerate(curves):
         c = PALETTE[i % len(PALETTE)]
@@ -40,7 +40,7 @@ def attention_curves(curves: list, seqs: list):
     ax.set_xticks(seqs, [_short(s) for s in seqs])
     ax.minorticks_off()
     ax.set(xlabel="key length per attention call (tokens)", ylabel="TFLOP/s (causal)", ylim=(0, None))
-    ax.legend(loc="lower right", frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     ax.grid(alpha=0.3)
     return fig
 
@@ -55,9 +55,12 @@ def predicted_vs_measured(points: list, sources: list):
     ax.plot([lo, hi], [lo, hi], "k--", lw=1)
     for f in (0.9, 1.1):
         ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.8)
-    for s, m, p, held in points:
-        ax.scatter(m, p, s=16 if held else 10, marker="^" if held else "o", color=col[s],
-                   edgecolors="k" if held else "none", linewidths=0.4, alpha=0.85)
+    groups = {}
+    for s, m, p, held in points:                 # one scatter per source and kind: small, fast SVG
+        groups.setdefault((s, held), []).append((m, p))
+    for (s, held), xy in groups.items():
+        ax.scatter([x for x, _ in xy], [y for _, y in xy], s=16 if held else 10, marker="^" if held else "o",
+                   color=col[s], edgecolors="k" if held else "none", linewidths=0.4, alpha=0.85)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), aspect="equal",
            xlabel="measured step time (s)", ylabel="predicted step time (s)")
     ticks = [10.0 ** k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
@@ -75,23 +78,27 @@ def predicted_vs_measured(points: list, sources: list):
 
 
 def residual_panels(panels: list, sources: list):
-    """``panels``: [(x label, log2 axis?, [(source, x, error)])], one row each; errors in percent,
-    shaded band +-10%."""
+    """``panels``: [(x label, log2 axis?, [(source, x, error, held_out)])], one row each; errors in
+    percent (circles: source left out of the fit; triangles: frozen held-out set), band +-10%."""
     fig, axes = new(5.0, 2.0 * len(panels) + 0.4, nrows=len(panels))
     col = colors(sources)
+    top = 10 * math.ceil(max(abs(100 * p[2]) for _, _, pts in panels for p in pts) / 10)
     for ax, (label, log2, pts) in zip(axes, panels):
         ax.axhspan(-10, 10, color="0.9", lw=0)
         ax.axhline(0, color="k", lw=0.8)
-        for s, x, e in pts:
-            ax.scatter(x, 100 * e, s=9, color=col[s], alpha=0.8)
+        groups = {}
+        for s, x, e, held in pts:                # one scatter per source and kind: small, fast SVG
+            groups.setdefault((s, held), []).append((x, 100 * e))
+        for (s, held), xy in groups.items():
+            ax.scatter([x for x, _ in xy], [y for _, y in xy], s=14 if held else 9, marker="^" if held else "o",
+                       color=col[s], edgecolors="k" if held else "none", linewidths=0.3, alpha=0.8)
         if log2:
             ax.set_xscale("log", base=2)
-            xs = [x for _, x, _ in pts]
+            xs = [p[1] for p in pts]
             ticks = [2 ** k for k in range(math.floor(math.log2(min(xs))), math.ceil(math.log2(max(xs))) + 1, 2)]
             ax.set_xticks(ticks, [_short(t) for t in ticks])
             ax.minorticks_off()
-        ax.set(xlabel=label, ylabel="error (%)")
-        ax.set_ylim(-45, 45)
+        ax.set(xlabel=label, ylabel="error (%)", ylim=(-top, top))
     fig.tight_layout()
     return fig
 
