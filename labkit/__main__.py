@@ -32,9 +32,15 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-interval", type=int, default=1)
     ap.add_argument("--max-position-embeddings", type=int, default=None,
                     help="accepted as in Megatron; the model has --seq-length positions")
+    ap.add_argument("--lr-decay-style", choices=["constant"], default="constant",
+                    help="accepted as in Megatron; labkit's learning rate is constant")
+    ap.add_argument("--split", choices=["100,0,0"], default="100,0,0",
+                    help="accepted as in Megatron; labkit trains on the whole --data-path file")
     for f in dataclasses.fields(TrainConfig):
         if f.type in ("bool", bool):
             ap.add_argument(_flag(f.name), dest=f.name, action="store_true", default=f.default)
+        elif f.name == "moe_layer_freq":   # an int or Megatron's pattern: parsed with num_layers known
+            ap.add_argument(_flag(f.name), dest=f.name, type=str, default=f.default)
         else:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], str)
             ap.add_argument(_flag(f.name), dest=f.name, type=kind, default=f.default)
@@ -51,9 +57,14 @@ def train_main(argv) -> int:
     steps, seed = args.pop("steps"), args.pop("seed")
     backend, log_interval = args.pop("backend"), args.pop("log_interval")
     max_pos = args.pop("max_position_embeddings")
+    args.pop("lr_decay_style"), args.pop("split")      # what to_flags writes: labkit's only choices
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     config = {k: v for k, v in args.items() if v != defaults[k]}
     try:
+        if isinstance(config.get("moe_layer_freq"), str):
+            from .calc.moe import parse_layer_freq
+            config["moe_layer_freq"] = parse_layer_freq(config["moe_layer_freq"],
+                                                        config.get("num_layers", defaults["num_layers"]))
         if max_pos is not None:  # Megatron's rule, checked by the one rule book in its place
             from .calc.config import validate
             model, par = TrainConfig(**config).megatron_view(world)

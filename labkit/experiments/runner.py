@@ -139,12 +139,10 @@ def megatron_command(e: Experiment, scale: str = "full", steps: int | None = Non
         data_path = os.path.relpath(e.train_config(scale)["data_path"])
     cfg = TrainConfig(**{**e.train_config(scale), "data_path": data_path})
     steps = STEPS[scale] if steps is None else steps
-    flags = to_flags(cfg, steps)
+    flags = to_flags(cfg, steps, seed)   # + --split 100,0,0 --seed: the same samples, same order
     # the byte vocabulary of the data file: NullTokenizer with 256 ids (d98e8a64: its vocab_size is
-    # the argument; EOD is 255, a byte the ASCII corpus never holds); the whole file is training
-    # data; labkit's learning rate is constant (Megatron's default decays it linearly)
-    flags += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--split", "100,0,0",
-              "--seed", str(seed), "--lr-decay-style", "constant", "--log-interval", "1",
+    # the argument; EOD is 255, a byte the ASCII corpus never holds)
+    flags += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--log-interval", "1",
               "--eval-iters", "0"]
     unknown = [f for f in flags if f.startswith("--") and f[2:] not in FLAGS]
     if unknown:
