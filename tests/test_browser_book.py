@@ -486,7 +486,8 @@ def test_planner_equals_labkit_calc(tools):
     box = _calc(tools, "planner", {"nodes": 64})
     v = _inputs(box)
     model = calc.model(v["model"]).with_(seq_length=v["seq_length"]) if v["seq_length"] else calc.model(v["model"])
-    result = calc.plan(model, calc.cluster(v["cluster"], 64), v["global_batch_size"], recompute=("selective", "full"))
+    result = calc.plan(model, calc.cluster(v["cluster"], 64), v["global_batch_size"], recompute=("selective", "full"),
+                       attention=v["attention"])
     assert _value(box, "n_fit") == len(result["ranked"]) > 0
     assert _value(box, "plan0_tokens_per_s") == pytest.approx(result["ranked"][0]["tokens_per_s"], rel=1e-12)
 

@@ -165,11 +165,9 @@ def batch(v: dict) -> dict:
 
 
 def forms() -> dict:
-    """The calculators' inputs: labkit.calc.report.FORMS, plus the attention assumption of the
-    memory calculator as a control of its own (flash, Megatron-Core's default, or materialized)."""
-    out = {name: [list(f) for f in fields] for name, fields in report.FORMS.items()}
-    out["memory"].insert(-2, ["attention", "attention", "choice", "flash", ["flash", "math"]])
-    return out
+    """The calculators' inputs: labkit.calc.report.FORMS (the attention kernel is an input of its
+    own there: flash, Megatron-Core's default, or materialized scores)."""
+    return {name: [list(f) for f in fields] for name, fields in report.FORMS.items()}
 
 
 def form_defaults(name: str) -> dict:
@@ -232,10 +230,11 @@ def planner(v: dict, top: int = 5) -> dict:
     m, c = report._model(v), calc.cluster(v["cluster"], int(v["nodes"]))
     cps = tuple(int(x) for x in str(v.get("context_parallel_sizes", "1")).split(","))
     result = calc.plan(m, c, int(v["global_batch_size"]), recompute=("selective", "full"),
-                       context_parallel_sizes=cps)
+                       context_parallel_sizes=cps, attention=v["attention"])
     keys = ("tp", "pp", "cp", "ep", "dp", "micro_batch_size", "recompute", "peak_memory_gib",
             "tokens_per_s", "mfu", "step_time_s")
     return {"n_fit": len(result["ranked"]), "too_big": result["too_big"], "invalid": result["invalid"],
+            "attention": ATTENTION[result["attention"]],
             "ranked": [{k: r[k] for k in keys} for r in result["ranked"][:top]],
             "why": calc.explain(result, c)}
 

@@ -75,7 +75,8 @@
       return out;
     },
     planner(a) {
-      return [h("p", null, num("n_fit", a.n_fit, integer), " layouts fit, ", integer(a.too_big), " do not, ", integer(a.invalid), " break a rule."),
+      return [h("p", null, num("n_fit", a.n_fit, integer), " layouts fit, ", integer(a.too_big), " do not, ", integer(a.invalid),
+                " break a rule; every layout's memory counted with one assumption: ", a.attention, "."),
         a.ranked.length ? h("div", { class: "pst-scrollable-table-container" }, h("table", { class: "table" },
           h("thead", null, h("tr", null, ["TP", "PP", "CP", "EP", "DP", "mb", "recompute", "memory", "tokens/s", "MFU", "step"].map((c) => h("th", null, c)))),
           h("tbody", null, a.ranked.map((r, i) => h("tr", null,
