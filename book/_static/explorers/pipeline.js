@@ -93,7 +93,8 @@
     const fwd = h("button", { type: "button", class: "lx-btn", "aria-label": "step forward" }, "step ▶");
     const timeIn = h("input", { type: "range", min: 0, max: 1, step: 1, value: 0, name: "t", "aria-label": "time" });
     const timeOut = h("output", { class: "lx-value" });
-    const svgBox = h("div", { class: "lx-scroll", tabindex: "0", role: "group", "aria-label": "timeline (scrolls sideways on small screens)" });
+    const svgBox = h("div", { class: "lx-scroll", tabindex: "0", role: "group",
+                              "aria-label": "timeline: space plays or pauses, arrow keys step (scrolls sideways on small screens)" });
     const stats = h("div", { class: "lx-stats" });
     const ranks = h("div", { class: "lx-ranks" });
     const links = h("div", { class: "lx-links" });
@@ -122,7 +123,7 @@
     fwd.addEventListener("click", () => { stop(); const c = cases.get(key()); if (c && !c.error) state.t = Math.min(c.makespan, state.t + 1); draw(); });
     timeIn.addEventListener("input", () => { stop(); state.t = +timeIn.value; draw(); });
     fig.addEventListener("keydown", (e) => {
-      if (e.target.tagName === "INPUT" || e.target.tagName === "SELECT") return;
+      if (["INPUT", "SELECT", "BUTTON"].includes(e.target.tagName)) return;   // their own keys
       if (e.key === " " || e.key === "k") { e.preventDefault(); playBtn.click(); }
       else if (e.key === "ArrowRight" || e.key === "l") { e.preventDefault(); fwd.click(); }
       else if (e.key === "ArrowLeft" || e.key === "j") { e.preventDefault(); back.click(); }
