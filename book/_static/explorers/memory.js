@@ -86,27 +86,34 @@
     controls.addEventListener("pointerdown", warm, { once: true });
     controls.addEventListener("focusin", warm, { once: true });
 
+    // One question to Python at a time: while it computes, drags only update `values`; when the
+    // answer comes, the latest values are asked next (if the answer is not already theirs).
+    let busy = false;
     const update = X.perFrame(async () => {
-      const k = key(values);
+      const snap = { ...values }, k = key(snap);
       const mine = ++asked;
       if (!cache.has(k)) await loadCache();
       if (mine !== asked) return;                            // a newer input overtook this one
-      if (cache.has(k)) { show(cache.get(k), "answer computed when the book was built"); return; }
+      if (cache.has(k)) { show(cache.get(k), "answer computed when the book was built", k); return; }
       fig.dataset.state = "computing";
       status.textContent = X.pythonStarted() ? "computing ..." : "computing: starting Python in your browser (a few seconds, the first time) ...";
       summary.classList.add("lx-stale"); bars.classList.add("lx-stale");
+      if (busy) return;                                      // the answer in flight will ask again
+      busy = true;
       let reply;
-      try { reply = await X.ask("memory-explorer", { ...values }); }
-      catch (err) { status.textContent = "Python could not start in this browser: " + err.message; fig.dataset.state = "failed"; return; }
+      try { reply = await X.ask("memory-explorer", snap); }
+      catch (err) { busy = false; status.textContent = "Python could not start in this browser: " + err.message; fig.dataset.state = "failed"; return; }
+      busy = false;
       cache.set(k, reply.answer);
-      if (mine === asked) show(reply.answer, `computed in your browser by labkit.calc in ${reply.ms.toFixed(0)} ms`);
+      if (key(values) === k) show(reply.answer, `computed in your browser by labkit.calc in ${reply.ms.toFixed(0)} ms`, k);
+      else update();                                         // the reader moved on meanwhile
     });
 
-    function show(a, how) {
+    function show(a, how, k) {
       shown = a;
       fig.dataset.state = "ready";
       fig.dataset.answered = String(+(fig.dataset.answered || 0) + 1);
-      fig.dataset.inputs = key(values);
+      fig.dataset.inputs = k;
       status.textContent = how;
       summary.classList.remove("lx-stale"); bars.classList.remove("lx-stale");
       const world = values.tensor_model_parallel_size * values.pipeline_model_parallel_size
@@ -136,6 +143,6 @@
     }
 
     new ResizeObserver(X.perFrame(() => { if (shown && !shown.error) bars.replaceChildren(...memoryBars(shown, bars.clientWidth)); })).observe(bars);
-    show(data.answer, "answer computed when the book was built; change any control");
+    show(data.answer, "answer computed when the book was built; change any control", data.key);
   };
 })();
