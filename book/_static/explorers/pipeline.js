@@ -242,7 +242,15 @@
       svg.append(s("line", { x1: left + state.t * unit, x2: left + state.t * unit, y1: top - 6, y2: H, class: "lx-cursor" }));
       svg.append(s("g", { class: "lx-arrows" }));
       const keepScroll = svgBox.scrollLeft;
+      const kinds = c.costs.W ? ["F", "B", "W"] : ["F", "B"];
+      const legend = h("p", { class: "lx-legend" }, kinds.map((k) =>
+        h("span", null, h("span", { class: "lx-swatch", style: `background:${SHADES[k][0]}` }),
+          k === "B" && c.costs.W ? "backward (input gradient) " : KIND[k] + " ")),
+        v > 1 ? "; lighter shades: later model chunks" : "", "; the number is the microbatch; red line: now");
       svgBox.replaceChildren(svg);
+      svgBox.after(legend);
+      if (svgBox.legend) svgBox.legend.remove();
+      svgBox.legend = legend;
       svgBox.scrollLeft = keepScroll;
     }
 
