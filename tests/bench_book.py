@@ -164,6 +164,25 @@ def calculators_open_to_change(browser, base: str) -> dict:
     return out
 
 
+def pyodide_cold_start(browser, base: str, runs: int) -> dict:
+    """Python's start in the page's Web Worker, cold (fresh context: no cache, no compiled wasm),
+    ``runs`` times on the calculators page (which starts it at once): ms from navigation start to
+    ready, and inside the worker (load Pyodide, write labkit's sources, import nothing yet)."""
+    page_ms, worker_ms = [], []
+    for _ in range(runs):
+        ctx = browser.new_context()
+        pg = ctx.new_page()
+        pg.goto(base + "book/calculators.html", wait_until="domcontentloaded")
+        pg.wait_for_function("() => window.labkitExplorers && window.labkitExplorers.pythonReadyMs",
+                             timeout=300_000)
+        page_ms.append(pg.evaluate("window.labkitExplorers.pythonReadyMs"))
+        worker_ms.append(pg.evaluate("window.labkitExplorers.pythonStartMs"))
+        ctx.close()
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"runs": runs, "ready_after_navigation_ms": page_ms, "median_ready_ms": med(page_ms),
+            "median_worker_ms": med(worker_ms)}
+
+
 def kb(x):
     return f"{x / 1024:,.0f}"
 
@@ -194,6 +213,7 @@ def main(argv=None):
     ap.add_argument("--pages", help="comma-separated pages relative to the html folder (default: all)")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--no-interact", action="store_true", help="skip the Python-backed interactions")
+    ap.add_argument("--pyodide-runs", type=int, default=3, help="cold starts of Python to time (0: none)")
     args = ap.parse_args(argv)
     if not (args.html / "book" / "intro.html").exists():
         sys.exit(f"no built book in {args.html}: run `jupyter-book build . -W -n --keep-going` first")
@@ -208,13 +228,18 @@ def main(argv=None):
             print(f"measured {page}", file=sys.stderr)
         if not args.no_interact and "book/calculators.html" in pages:
             extra = calculators_open_to_change(browser, base)
+        cold = pyodide_cold_start(browser, base, args.pyodide_runs) if args.pyodide_runs else None
         browser.close()
     server.shutdown()
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, Chromium headless, cold cache\n")
     print(table(rows, extra))
+    if cold:
+        print(f"\nPython (Pyodide) cold start in the Web Worker, {cold['runs']} runs: ready "
+              f"{', '.join(f'{x:,.0f}' for x in cold['ready_after_navigation_ms'])} ms after navigation "
+              f"(median {cold['median_ready_ms']:,.0f}; inside the worker {cold['median_worker_ms']:,.0f})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"rows": rows, "calculators": extra,
+        args.json.write_text(json.dumps({"rows": rows, "calculators": extra, "pyodide": cold,
                                          "loadavg": os.getloadavg()}, indent=1))
 
 
