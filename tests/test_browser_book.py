@@ -145,17 +145,28 @@ def _open(browser, base, page, width):
     return pg, errors, outside
 
 
-# What sticks out past the right edge at a phone's width (a box that scrolls or clips it is fine).
+# What sticks out past the right edge at a phone's width, or is cut off by a box that hides its
+# overflow. A box of its own that scrolls (overflow auto/scroll) inside the screen is fine. One line
+# per outermost offender.
 OVERFLOW_JS = """() => {
-  const W = document.documentElement.clientWidth, out = [];
-  const contained = (el) => { for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
-      const o = getComputedStyle(a).overflowX; if (o !== 'visible') return a.getBoundingClientRect().right <= W + 1; }
-    return false; };
+  const W = document.documentElement.clientWidth, out = [], reported = new Set();
+  const name = (el) => `${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}.${String(el.className).split(' ')[0]}`;
   for (const el of document.querySelectorAll('body *')) {
     const r = el.getBoundingClientRect();
-    if (r.width === 0 || r.right <= W + 1 || getComputedStyle(el).visibility === 'hidden' || contained(el)) continue;
-    if (el.closest('[hidden], .bd-sidebar-primary, .bd-sidebar-secondary, dialog:not([open])')) continue;
-    out.push(`${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}.${String(el.className).split(' ')[0]} reaches ${Math.round(r.right)} px`);
+    if (r.width === 0 || r.right <= W + 1 || getComputedStyle(el).visibility === 'hidden') continue;
+    if (el.closest('[hidden], .bd-sidebar-primary, .bd-sidebar-secondary, dialog:not([open]), mjx-assistive-mml')) continue;
+    let fine = false, cut = null;
+    for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      if (reported.has(a)) { fine = true; break; }
+      const o = getComputedStyle(a).overflowX, ar = a.getBoundingClientRect();
+      if (o === 'visible') continue;
+      if ((o === 'hidden' || o === 'clip') && r.right > ar.right + 1) cut = cut || a;
+      if (ar.right <= W + 1) { fine = !cut || o === 'auto' || o === 'scroll'; break; }
+    }
+    if (fine) continue;
+    reported.add(el);
+    out.push(cut ? `${name(el)} is cut off by ${name(cut)} (${Math.round(r.width)} px wide)`
+                 : `${name(el)} reaches ${Math.round(r.right)} px`);
   }
   return out.slice(0, 8);
 }"""
