@@ -34,7 +34,7 @@ MEMORY_CONTROLS = [
     ("context_parallel_size", "CP", _POW2(0, 5)),
     ("expert_model_parallel_size", "EP", _POW2(0, 6)),
     ("data_parallel_size", "DP", _POW2(0, 10)),
-    ("num_microbatches", "microbatches per step m", _POW2(0, 9)),
+    ("num_microbatches", "microbatches per step m", sorted(_POW2(0, 9) + [192])),   # 192: GPT-3's 1536 / DP 8
     ("zero_stage", "ZeRO stage", [0, 1, 2, 3]),
     ("recompute_granularity", "recompute", ["none", "selective", "full"]),
     ("precision", "precision", sorted(calc.PRECISIONS)),
@@ -45,7 +45,7 @@ MEMORY_DEFAULTS = {  # GPT-3 175B on 1024 A100s as Narayanan et al. 2021 / Korth
     "model": "gpt3-175b", "seq_length": 2048, "micro_batch_size": 1, "tensor_model_parallel_size": 8,
     "sequence_parallel": True, "pipeline_model_parallel_size": 16, "virtual_stages": 1,
     "context_parallel_size": 1, "expert_model_parallel_size": 1, "data_parallel_size": 8,
-    "num_microbatches": 128, "zero_stage": 1, "recompute_granularity": "selective",
+    "num_microbatches": 192, "zero_stage": 1, "recompute_granularity": "selective",
     "precision": "mixed18", "attention": "flash", "gpu": "A100-80GB"}
 ATTENTION = {"flash": "flash attention (fused kernel: no s x s scores stored)",
              "math": "materialized attention (the s x s softmax, its dropout and mask stored)"}
