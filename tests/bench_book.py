@@ -80,7 +80,10 @@ def measure(browser, base: str, page: str, interact: bool = True) -> dict:
     ctx.on("response", on_response)
     pg = ctx.new_page()
     pg.goto(base + page, wait_until="load")
-    pg.wait_for_load_state("networkidle")
+    try:   # a page that starts Python at once (the calculators) keeps fetching for a while
+        pg.wait_for_load_state("networkidle", timeout=180_000)
+    except Exception:  # noqa: BLE001 - measure what has arrived
+        pass
     timing = pg.evaluate("""() => {
         const nav = performance.getEntriesByType('navigation')[0];
         const fcp = performance.getEntriesByType('paint').find(e => e.name === 'first-contentful-paint');
