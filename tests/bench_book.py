@@ -198,7 +198,7 @@ def table(rows: list, extra: dict) -> str:
         ex = "; ".join(f"{e['kind']} {e['after_load_ms']:+.0f}" for e in r["explorers"]) or "-"
         inter = "; ".join(f"{k.replace('_ms', '')} {v:,.0f}" for k, v in r.items()
                           if k.endswith("_ms") and k not in ("fcp_ms", "load_ms") and v is not None) or "-"
-        if r.get("interaction_gzip_bytes"):
+        if r.get("interaction_gzip_bytes", 0) >= 1024:
             inter += f"; then fetched {kb(r['interaction_gzip_bytes'])} KB gzip (Python)"
         lines.append(f"| {r['page']} | {r['figures']} ({kb(r['figure_bytes'])}) | {r['requests']} | "
                      f"{kb(r['raw_bytes'])} | {kb(r['gzip_bytes'])} | {kb(r['gzip_bytes_no_figures'])} | "
