@@ -172,8 +172,9 @@ class MLP(nn.Module):
     """fc2(act(fc1(x))): GeLU, or SwiGLU with fc1 = [gate; up] -> silu(gate) * up (Shazeer 2020).
     Roles ``fc1``/``fc2`` (a routed expert's: ``expert_fc1``/``expert_fc2``)."""
 
-    def __init__(self, cfg, ffn_hidden_size: int, expert: bool = False):
+    def __init__(self, cfg, ffn_hidden_size: int | None = None, expert: bool = False):
         super().__init__()
+        ffn_hidden_size = ffn_hidden_size or cfg.ffn_hidden_size
         self.swiglu = cfg.swiglu
         stack = 2 if cfg.swiglu else 1
         prefix = "expert_" if expert else ""
