@@ -32,9 +32,13 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--log-interval", type=int, default=1)
     ap.add_argument("--max-position-embeddings", type=int, default=None,
                     help="accepted as in Megatron; the model has --seq-length positions")
+    from .calc.megatron_args import FLAGS
     for f in dataclasses.fields(TrainConfig):
         if f.type in ("bool", bool):
             ap.add_argument(_flag(f.name), dest=f.name, action="store_true", default=f.default)
+            for flag, (dest, kind, stored) in FLAGS.items():   # Megatron's switches that store False
+                if dest == f.name and kind == "switch" and stored is False:
+                    ap.add_argument("--" + flag, dest=f.name, action="store_false")
         else:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], str)
             ap.add_argument(_flag(f.name), dest=f.name, type=kind, default=f.default)
