@@ -232,11 +232,7 @@ def _check_moe_layout(cfg: TrainConfig, topo: Topology) -> None:
     if topo.etp not in (1, topo.tp):
         raise ValueError(f"expert_tensor_parallel_size {topo.etp}: labkit implements 1 or the TP size "
                          f"{topo.tp} (Megatron's default)")
-    shared = cfg.moe_shared_expert_intermediate_size
-    if topo.tp > 1 and shared and shared % topo.tp:   # Megatron's SharedExpertMLP: column-parallel fc1
-        raise ValueError(f"moe_shared_expert_intermediate_size with tensor_model_parallel_size {topo.tp}: "
-                         f"{shared} is not divisible by {topo.tp} (the shared expert is cut like the "
-                         f"dense MLP, fc1 by columns, fc2 by rows)")
+    # the shared expert's width over TP is Megatron's rule 9 (calc/rules.py), checked above
     if topo.cp > 1:
         raise ValueError(f"num_experts with context_parallel_size {topo.cp}: not in labkit yet")
 
