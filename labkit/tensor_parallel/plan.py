@@ -30,12 +30,12 @@ from .layers import ColumnParallelLinear, RowParallelLinear, divide
 from .sequence_parallel import ScatterToSequence
 from .vocab_parallel import VocabParallelCrossEntropyLoss, VocabParallelEmbedding
 
-# where each role sits in labkit's GPT (for the book's table: plans are keyed by role)
-WHERE = {"embedding": "embedding.word_embeddings", "sequence_shard": "embedding.to_sequence_shard",
-         "position": "embedding.position_embeddings", "norm": "decoder.layers.*.*_layernorm, final_layernorm",
-         "qkv": "decoder.layers.*.self_attention.linear_qkv", "proj": "decoder.layers.*.self_attention.linear_proj",
-         "fc1": "decoder.layers.*.mlp.linear_fc1", "fc2": "decoder.layers.*.mlp.linear_fc2",
-         "output": "output_layer", "loss": "loss_fn"}
+# where the roles sit in labkit's GPT, in forward order (the book's table; plans are keyed by role)
+WHERE = [("embedding.word_embeddings", "embedding"), ("embedding.to_sequence_shard", "sequence_shard"),
+         ("decoder.layers.*.input_layernorm", "norm"), ("decoder.layers.*.self_attention.linear_qkv", "qkv"),
+         ("decoder.layers.*.self_attention.linear_proj", "proj"), ("decoder.layers.*.pre_mlp_layernorm", "norm"),
+         ("decoder.layers.*.mlp.linear_fc1", "fc1"), ("decoder.layers.*.mlp.linear_fc2", "fc2"),
+         ("decoder.final_layernorm", "norm"), ("output_layer", "output"), ("loss_fn", "loss")]
 
 
 @dataclass(frozen=True)
@@ -108,9 +108,9 @@ def tp_plan(sequence_parallel: bool = False) -> dict[str, Style]:
         "sequence_shard": Style("+ positions, keep my s/t" if sp else "+ positions, replicated",
                                 lambda m, t, r, e: e, (lambda m, g, e: ScatterToSequence(g)) if sp else _same),
         "norm": Style("shard [b, s/t, h], grads summed" if sp else "replicated [b, s, h]", _replicated(sp), _same),
-        "qkv": Style(col.what + ", whole query groups (a/t heads)", col.shard, col.build),
+        "qkv": Style(col.what + ", heads a/t", col.shard, col.build),            # whole query groups
         "proj": row,
-        "fc1": Style(col.what + ", ffn/t ([gate_r; up_r] with SwiGLU)", col.shard, col.build),
+        "fc1": Style(col.what + ", 4h/t", col.shard, col.build),                 # SwiGLU: [gate_r; up_r]
         "fc2": row,
         "output": Style(("g (all-gather seq)" if sp else "f") + " -> vocab rows V/t", _column, col.build),
         "loss": Style("vocab-parallel cross-entropy", lambda m, t, r, e: e,
@@ -124,8 +124,9 @@ def layer_plan(sequence_parallel: bool = False) -> dict[str, Style]:
 
 
 def describe(plan: dict[str, Style]) -> dict[str, str]:
-    """{where the role sits in labkit's GPT: what happens}: the plan as the book prints it."""
-    return {WHERE.get(role, role): style.what for role, style in plan.items()}
+    """{where a role sits in labkit's GPT: what happens}: the plan as the book prints it (the
+    learned position table is "+ positions" of the sequence shard's line)."""
+    return {where: plan[role].what for where, role in WHERE if role in plan}
 
 
 def _local_heads(attn: nn.Module, t: int) -> None:
