@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def sources() -> list[Path]:
     pkg = ROOT / "labkit"
-    return [pkg / "__init__.py", pkg / "topology.py", *sorted((pkg / "calc").glob("*.py"))]
+    return [pkg / "__init__.py", pkg / "topology.py", *sorted((pkg / "calc").glob("*.py")),
+            pkg / "pipeline_parallel" / "__init__.py", pkg / "pipeline_parallel" / "placement.py"]  # stage placement
 
 
 def copy_sources(app, exception):
