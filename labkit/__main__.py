@@ -39,9 +39,13 @@ def train_parser() -> argparse.ArgumentParser:
                     help="accepted as in Megatron; labkit's learning rate is constant")
     ap.add_argument("--split", choices=["100,0,0"], default="100,0,0",
                     help="accepted as in Megatron; labkit trains on the whole --data-path file")
+    from .calc.megatron_args import FLAGS
     for f in dataclasses.fields(TrainConfig):
         if f.type in ("bool", bool):
             ap.add_argument(_flag(f.name), dest=f.name, action="store_true", default=f.default)
+            for flag, (dest, kind, stored) in FLAGS.items():   # Megatron's switches that store False
+                if dest == f.name and kind == "switch" and stored is False:
+                    ap.add_argument("--" + flag, dest=f.name, action="store_false")
         elif f.name == "moe_layer_freq":   # an int or Megatron's pattern: parsed with num_layers known
             ap.add_argument(_flag(f.name), dest=f.name, type=str, default=f.default)
         else:

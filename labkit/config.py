@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 
 from .calc import config as megatron_rules, hyperparams
 from .calc.moe import MoEArgs
+from .spec import PRESETS, ArchArgs, GPTConfig, preset, preset_args  # noqa: F401 - the model spec
 from .topology import Topology
 
 BYTE_VOCAB_SIZE = 256  # labkit.data.ByteTokenizer: UTF-8 bytes
@@ -35,75 +36,10 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int = 128, 
 
 
 @dataclass(frozen=True)
-class GPTConfig(MoEArgs):
-    """The model (``labkit.model.GPT``): dense, or MoE with ``num_experts``. ``vocab_size`` is
-    already padded."""
-
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 4
-    seq_length: int = 64
-    vocab_size: int = 256
-    ffn_hidden_size: int | None = None  # None -> 4 * hidden_size
-    init_method_std: float = 0.02
-    layernorm_epsilon: float = 1e-5
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-    untie_embeddings_and_output_weights: bool = False
-
-    def __post_init__(self):
-        if self.ffn_hidden_size is None:
-            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
-        self._check_moe()
-        megatron_rules.ModelConfig(  # the rule book checks sizes, hidden % heads, top-k <= experts
-            num_layers=self.num_layers, hidden_size=self.hidden_size, seq_length=self.seq_length,
-            num_attention_heads=self.num_attention_heads, vocab_size=self.vocab_size,
-            ffn_hidden_size=self.ffn_hidden_size, make_vocab_size_divisible_by=1, **self.moe_sizes())
-        for name in ("hidden_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def num_parameters(self) -> int:
-        h, f, v, s, L = (self.hidden_size, self.ffn_hidden_size, self.vocab_size, self.seq_length,
-                         self.num_layers)
-        mlp = lambda ffn: (h * ffn + ffn) + (ffn * h + h)  # noqa: E731 - fc1 + fc2 with biases
-        attn = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h)  # two LayerNorms, qkv, proj
-        moe = (h * (self.num_experts or 0) + (self.num_experts or 0) * mlp(self.moe_ffn_hidden_size or 0)
-               + (mlp(self.moe_shared_expert_intermediate_size) if self.moe_shared_expert_intermediate_size
-                  else 0))                                 # router (no bias), experts, shared expert
-        n_moe = sum(self.moe_layers())
-        out = v * h if self.untie_embeddings_and_output_weights else 0
-        return v * h + s * h + L * attn + (L - n_moe) * mlp(f) + n_moe * moe + 2 * h + out
-
-
-# GPT-2 sizes (vocab 50257 padded to 50304, a multiple of 128, as Megatron does)
-PRESETS = {
-    "tiny": GPTConfig(),
-    "gpt2": GPTConfig(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=1024, vocab_size=50304),
-    "gpt2-medium": GPTConfig(num_layers=24, hidden_size=1024, num_attention_heads=16, seq_length=1024,
-                             vocab_size=50304),
-    "gpt2-large": GPTConfig(num_layers=36, hidden_size=1280, num_attention_heads=20, seq_length=1024, vocab_size=50304),
-    "gpt2-xl": GPTConfig(num_layers=48, hidden_size=1600, num_attention_heads=25, seq_length=1024, vocab_size=50304),
-}
-PRESETS["124m"], PRESETS["355m"] = PRESETS["gpt2"], PRESETS["gpt2-medium"]
-PRESETS["774m"], PRESETS["1.5b"] = PRESETS["gpt2-large"], PRESETS["gpt2-xl"]
-
-
-def preset(name: str, **overrides) -> GPTConfig:
-    """A named config ("tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"), fields overridden."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    return replace(PRESETS[name], **overrides)
-
-
-@dataclass(frozen=True)
-class TrainConfig(MoEArgs):
-    """One training run of ``labkit.train`` (and ``labkit.reference``), Megatron's names; the MoE
-    arguments come from :class:`MoEArgs`."""
+class TrainConfig(ArchArgs, MoEArgs):
+    """One training run of ``labkit.train`` (and ``labkit.reference``), Megatron's names; the model
+    family's choices come from ``labkit.spec.ArchArgs`` (``**preset_args("llama3-tiny")`` gives a
+    preset's), the MoE arguments from :class:`MoEArgs`."""
 
     # model (vocabulary: the byte tokenizer's 256, padded as Megatron pads)
     num_layers: int = 2
@@ -112,7 +48,6 @@ class TrainConfig(MoEArgs):
     seq_length: int = 64
     ffn_hidden_size: int | None = None
     make_vocab_size_divisible_by: int = 128
-    untie_embeddings_and_output_weights: bool = False
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     params_dtype: str = "float32"  # "float64" for exact parity tests on CPU
@@ -131,6 +66,7 @@ class TrainConfig(MoEArgs):
     sequence_parallel: bool = False
     pipeline_model_parallel_size: int = 1
     num_layers_per_virtual_pipeline_stage: int | None = None
+    pipeline_schedule: str | None = None   # labkit's: None = Megatron's (1f1b, interleaved_1f1b if v > 1)
     context_parallel_size: int = 1
     cp_comm_type: str = "p2p"       # Megatron's --cp-comm-type: "p2p" (ring), "all_gather", "a2a"
     expert_model_parallel_size: int = 1
@@ -145,7 +81,11 @@ class TrainConfig(MoEArgs):
 
     # -- derived ------------------------------------------------------------------------------
     def __post_init__(self):
+        if self.num_experts is not None and self.moe_ffn_hidden_size is None:   # Megatron: moe ffn = ffn
+            object.__setattr__(self, "moe_ffn_hidden_size",
+                               self.ffn_hidden_size or self.default_ffn_hidden_size())
         self._check_moe()
+        self._check_arch()
 
     def topology(self, world_size: int) -> Topology:
         return Topology(world_size, tp=self.tensor_model_parallel_size,
@@ -176,9 +116,14 @@ class TrainConfig(MoEArgs):
 
     def stage_layers(self, stage: int) -> range:
         """Layers of virtual pipeline stage ``stage`` (of pp * v): an even, contiguous split."""
-        num_stages = self.pipeline_model_parallel_size * self.virtual_pipeline_size()
-        n = self.num_layers // num_stages
-        return range(stage * n, (stage + 1) * n)
+        from .pipeline_parallel.placement import stage_layers
+        return stage_layers(self.num_layers, self.pipeline_model_parallel_size * self.virtual_pipeline_size(),
+                            stage)
+
+    def schedule_name(self) -> str:
+        """The pipeline schedule this run uses (``pipeline_parallel.placement.SCHEDULES``)."""
+        from .pipeline_parallel.placement import default_schedule
+        return self.pipeline_schedule or default_schedule(self.virtual_pipeline_size())
 
     def model_config(self, tp: int | None = None) -> GPTConfig:
         tp = self.tensor_model_parallel_size if tp is None else tp
@@ -187,8 +132,7 @@ class TrainConfig(MoEArgs):
                          ffn_hidden_size=self.ffn_hidden_size,
                          vocab_size=padded_vocab_size(BYTE_VOCAB_SIZE, self.make_vocab_size_divisible_by, tp),
                          hidden_dropout=self.hidden_dropout, attention_dropout=self.attention_dropout,
-                         untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights,
-                         **self.moe_args())
+                         **self.arch_args(), **self.moe_args())
 
     def megatron_view(self, world_size: int):
         """(ModelConfig, ParallelConfig) of ``labkit.calc`` for this run: what the rule book and
@@ -208,8 +152,7 @@ class TrainConfig(MoEArgs):
             num_attention_heads=self.num_attention_heads, seq_length=self.seq_length,
             vocab_size=BYTE_VOCAB_SIZE, ffn_hidden_size=self.ffn_hidden_size,
             make_vocab_size_divisible_by=self.make_vocab_size_divisible_by,
-            untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights,
-            **self.moe_sizes())
+            **self.calc_arch(), **self.moe_sizes())
         return model, par
 
 
@@ -252,6 +195,9 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
         raise ValueError(f"zero_stage {zero} with pipeline_model_parallel_size {pp}: gradients (and "
                          f"under ZeRO-3 weights) would move once per microbatch, m times per step; "
                          f"use zero_stage 1 (the distributed optimizer) with pipelines, as Megatron does")
+    if cfg.pipeline_schedule is not None:
+        from .pipeline_parallel.placement import check_schedule
+        check_schedule(cfg.pipeline_schedule, cfg.virtual_pipeline_size())
     _check_context_parallel(cfg, tp, cp)
     _check_moe_layout(cfg, topo)
     return topo
@@ -265,6 +211,10 @@ def _check_context_parallel(cfg: TrainConfig, tp: int, cp: int) -> None:
     if cp > 1 and cfg.cp_comm_type == "a2a" and (cfg.num_attention_heads // tp) % cp:
         raise ValueError(f"cp_comm_type 'a2a' needs heads per TP rank divisible by CP: num_attention_heads "
                          f"{cfg.num_attention_heads} / TP {tp} = {cfg.num_attention_heads // tp}, not divisible by CP {cp}")
+    groups = max(1, cfg.query_groups // tp)          # K/V heads per TP rank (one shared group at least)
+    if cp > 1 and cfg.cp_comm_type == "a2a" and groups % cp:
+        raise ValueError(f"cp_comm_type 'a2a' needs the K/V groups per TP rank divisible by CP: "
+                         f"num_query_groups {cfg.query_groups} over TP {tp} leaves {groups}, not divisible by CP {cp}")
     if cp > 1 and cfg.attention_dropout > 0:
         raise ValueError(f"attention_dropout {cfg.attention_dropout} with context_parallel_size {cp}: labkit's "
                          f"blockwise attention has no attention-probability dropout; set it to 0")
@@ -283,11 +233,7 @@ def _check_moe_layout(cfg: TrainConfig, topo: Topology) -> None:
     if topo.etp not in (1, topo.tp):
         raise ValueError(f"expert_tensor_parallel_size {topo.etp}: labkit implements 1 or the TP size "
                          f"{topo.tp} (Megatron's default)")
-    shared = cfg.moe_shared_expert_intermediate_size
-    if topo.tp > 1 and shared and shared % topo.tp:   # Megatron's SharedExpertMLP: column-parallel fc1
-        raise ValueError(f"moe_shared_expert_intermediate_size with tensor_model_parallel_size {topo.tp}: "
-                         f"{shared} is not divisible by {topo.tp} (the shared expert is cut like the "
-                         f"dense MLP, fc1 by columns, fc2 by rows)")
+    # the shared expert's width over TP is Megatron's rule 9 (calc/rules.py), checked above
     if topo.cp > 1:
         raise ValueError(f"num_experts with context_parallel_size {topo.cp}: not in labkit yet")
 

@@ -117,6 +117,22 @@ def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
     return mine
 
 
+def add_kv_groups(groups: dict[str, Group], topo: Topology, num_query_groups: int) -> None:
+    """With fewer query groups g than tp ranks, the t/g consecutive tp ranks sharing one K/V group
+    (Megatron's ``tp_rank // (t / g)``) sum its gradient: add that group as ``groups["tp_kv"]``.
+    Every rank calls this, in the same order (torch.distributed requires it)."""
+    t = topo.tp
+    if num_query_groups >= t or "tp_kv" in groups:
+        return
+    share, me = t // num_query_groups, dist.get_rank()
+    for tp_ranks in topo.groups("tp"):
+        for k in range(0, t, share):
+            g = new_group("tp_kv", tp_ranks[k:k + share])
+            if me in g.ranks:
+                _connect(g)
+                groups["tp_kv"] = g
+
+
 def _connect(group: Group) -> None:
     """Create the group's communicator now (an uncounted 1-element all-reduce)."""
     if group.size > 1:

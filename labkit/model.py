@@ -1,8 +1,11 @@
 """The dense GPT: the single-device model every parallel layout must match, and the ONE forward.
 
-It knows nothing about parallelism (no torch.distributed here). Its modules carry Megatron-LM
-core's names (``decoder.layers.3.self_attention.linear_qkv``), and every place a parallel plan
-changes is a module attribute, a *seam*, swapped by name (``labkit.parallelize``):
+It knows nothing about parallelism (no torch.distributed here). It reads a spec
+(``labkit.spec.GPTConfig``: GPT-2 and Llama 3 are two presets of it, not two forwards) and builds
+its parts from ``labkit.modules``, each tagged with its role (qkv, proj, fc1, fc2, norm,
+embedding, output, ...) for the plans. Its modules carry Megatron-LM core's names
+(``decoder.layers.3.self_attention.linear_qkv``), and every place a parallel plan changes is a
+module attribute, a *seam*, swapped in place (``labkit.parallelize``):
 
     embedding.word_embeddings                TP: vocabulary-parallel embedding
     embedding.to_sequence_shard              SP: keep this rank's s/t positions (Identity here)
@@ -18,8 +21,10 @@ changes is a module attribute, a *seam*, swapped by name (``labkit.parallelize``
     embedding / final norm / output layer    None on pipeline stages that do not hold them
 
 Activations are [b, s, h] (batch, sequence, hidden), like nanoGPT (Megatron uses [s, b, h]).
-GPT-2 architecture (Radford et al. 2019): learned positions, pre-LayerNorm blocks, GELU MLP of
-4h, output layer tied to the word embeddings unless ``untie_embeddings_and_output_weights``.
+Pre-norm blocks; GPT-2 (Radford et al. 2019): learned positions, LayerNorm, GeLU MLP of 4h, biases,
+output layer tied to the word embeddings; Llama 3 (Dubey et al. 2024): RoPE, RMSNorm, SwiGLU,
+group-query attention, no biases, untied. ``position_ids`` (context parallelism's global positions
+of a rank's tokens) reach the embedding and every layer's RoPE.
 Initialization follows Megatron: N(0, init_method_std) for weights, the two output projections of
 each block scaled by 1/sqrt(2 * num_layers), zero biases; drawn on the CPU from one seed in a fixed
 order, so every rank builds the same model and then keeps its shard.
@@ -32,19 +37,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import PRESETS, GPTConfig, preset  # noqa: F401 - the model's configuration
+from .modules import (MLP, CoreAttention, Dropout, RotaryEmbedding, SelfAttention,  # noqa: F401 - seams
+                      causal_attention, norm, role)
 from .moe import MoELayer
+from .spec import PRESETS, GPTConfig, preset  # noqa: F401 - the model's configuration (the spec)
 
 __all__ = ["GPT", "GPTConfig", "PRESETS", "preset", "causal_attention", "lm_loss"]
-
-
-def causal_attention(q, k, v, dropout=None):
-    """softmax(q k^T / sqrt(d) + causal mask) v.  q, k, v: [b, n_heads, s, d] -> [b, n_heads, s, d]."""
-    s, d = q.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(d)                      # [b, n, s, s]
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)       # True above diagonal
-    probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
-    return (probs if dropout is None else dropout(probs)) @ v
 
 
 def lm_loss(logits, labels):
@@ -52,100 +50,43 @@ def lm_loss(logits, labels):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-class Dropout(nn.Module):
-    """Dropout drawing its mask from an explicit ``torch.Generator`` (the RNG seam).
-
-    The dense model gives all its Dropouts one generator; ``labkit.parallelize`` points each at the
-    stream Megatron uses for its region (replicated or tensor-parallel). A generator on another
-    device than the activations draws there and moves the mask.
-    """
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p, self.generator = p, None
-
-    def mask(self, x) -> torch.Tensor:
-        """The keep-mask for ``x``: bool, x's shape, drawn from this module's generator."""
-        gen_device = self.generator.device if self.generator is not None else x.device
-        return torch.rand(x.shape, generator=self.generator, device=gen_device) >= self.p
-
-    def forward(self, x):
-        if not self.training or self.p == 0.0:
-            return x
-        return x * self.mask(x).to(x.device, x.dtype) / (1.0 - self.p)
-
-
-class CoreAttention(nn.Module):
-    """Causal softmax attention of the local heads: q, k, v [b, n, s, d] -> [b, n, s, d]."""
-
-    def __init__(self, attention_dropout: float):
-        super().__init__()
-        self.attention_dropout = Dropout(attention_dropout)
-
-    def forward(self, q, k, v):
-        return causal_attention(q, k, v, self.attention_dropout)
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.head_dim = cfg.head_dim
-        # Megatron's fused QKV layout: output features grouped per head as [q_h | k_h | v_h], so a
-        # contiguous slice of rows (a tensor-parallel shard) holds whole heads.
-        self.linear_qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
-        self.core_attention = CoreAttention(cfg.attention_dropout)
-        self.linear_proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-
-    def forward(self, x):                                   # x: [b, s, h] (s/t under SP)
-        qkv = self.linear_qkv(x)                            # [b, s, 3h] (s full, 3h/t under TP)
-        b, s, _ = qkv.shape
-        n_heads = qkv.shape[-1] // (3 * self.head_dim)      # heads held by this rank
-        qkv = qkv.view(b, s, n_heads, 3 * self.head_dim).transpose(1, 2)  # [b, n, s, 3d]
-        q, k, v = qkv.split(self.head_dim, dim=-1)
-        y = self.core_attention(q, k, v)                    # [b, n, s, d]
-        return self.linear_proj(y.transpose(1, 2).reshape(b, s, n_heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
-        super().__init__()
-        self.linear_fc1 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size)
-        self.linear_fc2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size)
-
-    def forward(self, x):                                   # [b, s, h] -> [b, s, h]
-        return self.linear_fc2(F.gelu(self.linear_fc1(x)))  # 4h/t in between under TP
-
-
 class TransformerLayer(nn.Module):
-    """Pre-LN block: x + dropout(attn(ln(x))), then x + dropout(mlp(ln(x))); the mlp is a
-    mixture of experts in MoE layers (``cfg.moe_layers()[layer_number]``)."""
+    """Pre-norm block: x + dropout(attn(norm(x))), then x + dropout(mlp(norm(x))); the mlp is a
+    mixture of experts in MoE layers (``cfg.moe_layers()[layer_number]``). The norm and the MLP's
+    activation are the spec's (LayerNorm/RMSNorm, GeLU/SwiGLU)."""
 
     def __init__(self, cfg: GPTConfig, layer_number: int = 0):
         super().__init__()
-        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        self.input_layernorm = norm(cfg)
         self.self_attention = SelfAttention(cfg)
         self.self_attn_dropout = Dropout(cfg.hidden_dropout)
-        self.pre_mlp_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
-        self.mlp = MoELayer(cfg, layer_number) if cfg.moe_layers()[layer_number] else MLP(cfg)
+        self.pre_mlp_layernorm = norm(cfg)
+        self.mlp = MoELayer(cfg, layer_number) if cfg.moe_layers()[layer_number] else MLP(cfg, cfg.ffn_hidden_size)
         self.mlp_dropout = Dropout(cfg.hidden_dropout)
 
-    def forward(self, x):
-        x = x + self.self_attn_dropout(self.self_attention(self.input_layernorm(x)))
+    def forward(self, x, position_ids=None):
+        x = x + self.self_attn_dropout(self.self_attention(self.input_layernorm(x), position_ids))
         return x + self.mlp_dropout(self.mlp(self.pre_mlp_layernorm(x)))
 
 
 class Embedding(nn.Module):
+    """Word embeddings, plus a learned position table with ``position_embedding_type``
+    "learned_absolute" (RoPE and "none" have none: RoPE acts in the attention)."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.position_embeddings = nn.Embedding(cfg.seq_length, cfg.hidden_size)
-        self.to_sequence_shard = nn.Identity()
+        self.word_embeddings = role(nn.Embedding(cfg.vocab_size, cfg.hidden_size), "embedding")
+        self.position_embeddings = (role(nn.Embedding(cfg.seq_length, cfg.hidden_size), "position")
+                                    if cfg.position_embedding_type == "learned_absolute" else None)
+        self.to_sequence_shard = role(nn.Identity(), "sequence_shard")
         self.embedding_dropout = Dropout(cfg.hidden_dropout)
 
     def forward(self, tokens, position_ids=None):          # [b, s] int64 -> [b, s, h]
-        if position_ids is None:
-            position_ids = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)
+        x = self.word_embeddings(tokens)
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = torch.arange(tokens.shape[1], device=tokens.device)
+            x = x + self.position_embeddings(position_ids)
         return self.embedding_dropout(self.to_sequence_shard(x))
 
 
@@ -181,7 +122,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.layers = Layers({str(i): TransformerLayer(cfg, i) for i in range(cfg.num_layers)})
-        self.final_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
+        self.final_layernorm = norm(cfg)
 
 
 class GPT(nn.Module):
@@ -192,8 +133,8 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.embedding = Embedding(cfg)
         self.decoder = Decoder(cfg)
-        self.output_layer = OutputLayer(cfg)
-        self.loss_fn = LMLoss()
+        self.output_layer = role(OutputLayer(cfg), "output")
+        self.loss_fn = role(LMLoss(), "loss")
         self.reset_parameters(seed)
         gen = torch.Generator().manual_seed(seed)           # one dropout stream for the dense model
         for m in self.modules():
@@ -241,7 +182,7 @@ class GPT(nn.Module):
         if self.embedding is not None:
             x = self.embedding(x, position_ids)             # [b, s] -> [b, s, h]
         for layer in self.decoder.layers.values():
-            x = layer(x)                                    # [b, s, h]
+            x = layer(x, position_ids)                      # [b, s, h]
         if self.output_layer is None:                       # not the last pipeline stage
             return x
         x = self.decoder.final_layernorm(x)

@@ -37,18 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .calc.moe import get_capacity
-
-
-class ExpertMLP(nn.Module):
-    """One expert (or the shared expert): fc2(gelu(fc1(x))), [n, h] -> [n, h]."""
-
-    def __init__(self, hidden_size: int, ffn_hidden_size: int):
-        super().__init__()
-        self.linear_fc1 = nn.Linear(hidden_size, ffn_hidden_size)
-        self.linear_fc2 = nn.Linear(ffn_hidden_size, hidden_size)
-
-    def forward(self, x):
-        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
+from .modules import MLP, role
 
 
 class AttachAuxLoss(torch.autograd.Function):
@@ -121,13 +110,15 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
         self.aux_loss_scale = 1.0   # seam: 1 / microbatches (the schedule's loss scale)
         self.capacity = None        # of the last forward, when capacity-limited
-        self.stats = {}
+        self.stats = None           # {name: running sum} once statistics are attached (moe_stats.py)
 
     def reduce_tokens_per_expert(self, counts):
         """Counts of the whole microbatch (identity here; summed over tp under SP)."""
         return counts
 
     def _record(self, name: str, value) -> None:
+        if self.stats is None:          # nobody measures: nothing is kept
+            return
         v = value.detach().double() if torch.is_tensor(value) else torch.tensor(float(value), dtype=torch.float64)
         self.stats[name] = self.stats[name] + v if name in self.stats else v
 
@@ -142,12 +133,14 @@ class Router(nn.Module):
             logits = AttachAuxLoss.apply(logits, lse2 * (cfg.moe_z_loss_coeff / self.tp_cp_size),
                                          self.aux_loss_scale)
         probs, routing_map = topk_routing(logits, self.topk, cfg.moe_router_pre_softmax)
-        self._record("tokens_per_expert", routing_map.sum(0))
+        if self.stats is not None:
+            self._record("tokens_per_expert", routing_map.sum(0))
         if cfg.moe_expert_capacity_factor is not None:
             self.capacity = get_capacity(x.shape[0] * self.topk, self.num_experts,
                                          cfg.moe_expert_capacity_factor)
             probs, kept = drop_tokens(probs, routing_map, self.capacity, cfg.moe_token_drop_policy, seq_shape)
-            self._record("dropped", routing_map.sum() - kept.sum())
+            if self.stats is not None:
+                self._record("dropped", routing_map.sum() - kept.sum())
             routing_map = kept
         self._record("routed", x.shape[0] * self.topk)
         coeff = cfg.moe_aux_loss_coeff
@@ -209,8 +202,8 @@ class Experts(nn.Module):
 
     def __init__(self, cfg, expert_ids):
         super().__init__()
-        self.local_experts = nn.ModuleDict({str(e): ExpertMLP(cfg.hidden_size, cfg.moe_ffn_hidden_size)
-                                            for e in expert_ids})
+        self.local_experts = nn.ModuleDict({str(e): role(MLP(cfg, cfg.moe_ffn_hidden_size, expert=True),
+                                                         "expert") for e in expert_ids})
 
     @property
     def expert_ids(self) -> list[int]:
@@ -237,10 +230,10 @@ class MoELayer(nn.Module):
     def __init__(self, cfg, layer_number: int = 0):
         super().__init__()
         self.layer_number = layer_number
-        self.router = Router(cfg)
+        self.router = role(Router(cfg), "router")
         self.experts = Experts(cfg, range(cfg.num_experts))
         size = cfg.moe_shared_expert_intermediate_size
-        self.shared_experts = ExpertMLP(cfg.hidden_size, size) if size else None
+        self.shared_experts = MLP(cfg, size) if size else None     # roles fc1/fc2: cut like the MLP
         self.token_dispatcher = LocalDispatcher()
         self.pad_to_capacity = cfg.moe_pad_expert_input_to_capacity
 
@@ -259,39 +252,3 @@ class MoELayer(nn.Module):
 def moe_layers(model: nn.Module) -> list[MoELayer]:
     """The MoE layers of a model (or a pipeline stage), in order."""
     return [m for m in model.modules() if isinstance(m, MoELayer)]
-
-
-STATS = ("dropped", "routed", "load_balancing_loss", "z_loss")   # after the E token counts
-
-
-def stats_table(model: nn.Module, num_layers: int, num_experts: int, reset: bool = True):
-    """[num_layers, E + 4] float64, summed over the forwards since the last reset: per layer, the
-    tokens routed to each expert (before dropping), then the :data:`STATS` (aux / coeff, and the
-    mean squared log-sum-exp, as Megatron records them). Summed over ranks, it is the step's."""
-    table = torch.zeros(num_layers, num_experts + len(STATS), dtype=torch.float64)
-    for layer in moe_layers(model):
-        stats = layer.router.stats
-        if "tokens_per_expert" in stats:
-            table[layer.layer_number, :num_experts] = stats["tokens_per_expert"].cpu()
-        for i, name in enumerate(STATS):
-            if name in stats:
-                table[layer.layer_number, num_experts + i] = stats[name].cpu()
-        if reset:
-            stats.clear()
-    return table
-
-
-def summarize(table, cfg, dp: int, tp: int, num_microbatches: int) -> dict:
-    """Megatron's logged MoE values of one iteration from the world's summed :func:`stats_table`:
-    ``load_balancing_loss`` (aux / coeff: summed over a microbatch's tp shards, averaged over dp
-    and the microbatches, then over the MoE layers; ``MoEMetricsTracker``), ``z_loss`` (averaged
-    over tp x dp too), the dropped fraction of token copies, and the tokens per expert per layer."""
-    E, pattern = cfg.num_experts, cfg.moe_layers()
-    n, rows = sum(pattern), [i for i, moe in enumerate(pattern) if moe]
-    out = {"tokens_per_expert": [table[i, :E].tolist() for i in rows],
-           "dropped_fraction": float(table[:, E].sum() / table[:, E + 1].sum())}
-    if cfg.moe_aux_loss_coeff > 0 and cfg.moe_router_load_balancing_type != "none":
-        out["load_balancing_loss"] = float(table[:, E + 2].sum()) / (dp * num_microbatches * n)
-    if cfg.moe_z_loss_coeff is not None:
-        out["z_loss"] = float(table[:, E + 3].sum()) / (tp * dp * num_microbatches * n)
-    return out

@@ -1,24 +1,27 @@
 """Apply the parallel strategies to the dense GPT in one fixed order, and run a training step.
 
     1. PP   split the model into this rank's stages (model chunks)          pipeline_parallel/stage.py
-    2. TP   swap each chunk's modules for tensor-parallel ones, by name     tensor_parallel/plan.py
+    2. TP   swap each chunk's modules for tensor-parallel ones, by role      tensor_parallel/plan.py
        (SP is part of the TP plan; then Megatron's dropout streams)         tensor_parallel/random.py
     3. CP   swap each chunk's core attention; shard every microbatch        context_parallel/plan.py
     4. EP   keep num_experts/ep experts of each MoE layer, swap its dispatcher expert_parallel/plan.py
     5. DP   average what the rank holds over dp (x cp); ZeRO shards it     data_parallel/wrap.py
 
 torchtitan's order (``parallelize_llama``: pipeline split first, then TP and the rest on each
-stage, data parallelism last). Each step only needs what the previous one produced, and the model
-itself knows nothing of this (labkit/model.py has the seams).
+stage, data parallelism last). Each plan takes ``(chunks, groups, cfg, plan)`` and refines the
+rank's :class:`~labkit.shard_plan.ShardPlan` (per parameter: its dense name and blocks, the group
+its gradient is averaged over, the groups it is then summed over, who counts it in the norm).
+The model itself knows nothing of this (labkit/model.py has the seams).
 
 One :class:`Engine` runs an iteration for every combination, finishing gradients as Megatron's
-``finalize_model_grads`` does (``megatron/core/distributed/finalize_model_grads.py``, d98e8a64):
+``finalize_model_grads`` does (``megatron/core/distributed/finalize_model_grads.py``, d98e8a64),
+reading only the plan:
 
     loss = runner.forward_backward(microbatches, dp)   # PP schedule, or a plain loop
-    dp.finish_grad_sync()                              # DP first: average over dp (x cp)
-    dp.all_reduce_grads(sequence_parallel, tp)         # SP: norms and row biases, summed over tp
-    dp.all_reduce_grads(shared_embedding, embd)        # PP: the two tied-embedding copies
-    norm = sqrt(sum over the world of what each rank owns)   # param_attrs.owns: each value once
+    dp.finish_grad_sync()                              # DP first: average over dp (x cp), edp
+    for axis in plan.sum_axes():                       # tp (SP norms, row biases, router),
+        dp.all_reduce_grads(plan sum ranges, axis)     # tp_kv (a shared K/V group), etp, embd
+    norm = sqrt(sum over the world of what each rank owns)   # each value once
     clip; dp.step()
 """
 from __future__ import annotations
@@ -28,8 +31,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from .groups import Group
-from .param_attrs import owns
+from . import shard_plan as sp_
+from .groups import Group, add_kv_groups, grad_reduce_group
+from .param_attrs import tag
 
 
 class SingleStageRunner:
@@ -54,8 +58,10 @@ class SingleStageRunner:
 class Engine:
     """One training iteration for any combination of strategies. See the module docstring."""
 
-    def __init__(self, runner, dp, groups: dict[str, Group], coords: dict, cfg, batch_transform=None):
+    def __init__(self, runner, dp, groups: dict[str, Group], coords: dict, cfg, batch_transform=None,
+                 plan: sp_.ShardPlan | None = None):
         self.runner, self.dp, self.groups, self.coords, self.cfg = runner, dp, groups, coords, cfg
+        self.plan = plan
         self.batch_transform = batch_transform or (lambda mb: mb)
         self.last_grads = None   # {name: full gradient} of the last step, when capture_grads
 
@@ -74,16 +80,18 @@ class Engine:
         return self.global_loss(loss_sum), grad_norm
 
     def finalize_grads(self) -> None:
-        """Megatron's order: DP first, then the TP (SP) sums, then the embedding group's sum."""
+        """Megatron's order: DP first, then the sums the plan names (TP/SP, a shared K/V group,
+        expert TP, the embedding group: ``shard_plan.SUM_ORDER``), in place."""
         self.dp.finish_grad_sync()
-        tp, embd = self.groups.get("tp"), self.groups.get("embd")
-        if tp is not None and tp.size > 1:
-            self.dp.all_reduce_grads(lambda p: getattr(p, "sequence_parallel", False), tp)
-        if embd is not None:
-            self.dp.all_reduce_grads(lambda p: getattr(p, "shared_embedding", False), embd)
+        for axis in self.plan.sum_axes():
+            group = self.groups[axis]
+            if group.size > 1:
+                self.dp.all_reduce_grads(lambda name, a=axis: self.plan[name].sum_ranges(a), group)
 
     def grad_norm(self) -> float:
-        sq = self.dp.grad_sq_sum(lambda p: owns(p, self.coords, self.dp.grads_sharded))
+        """sqrt of the world's sum of the squares each rank owns (the plan: every value once)."""
+        sharded = self.dp.grads_sharded
+        sq = self.dp.grad_sq_sum(lambda name: self.plan[name].owned_ranges(sharded))
         return math.sqrt(_bookkeeping_sum(self.groups["world"], sq))
 
     def global_loss(self, loss_sum: float) -> float:
@@ -105,36 +113,27 @@ def _bookkeeping_sum(group: Group, value) -> float:
     return float(t)
 
 
-def dense_shards(engine: Engine, which: str = "grads") -> dict:
+def dense_shards(engine: Engine, which: str = "grads") -> list:
     """This rank's part of the dense model's gradients (after a ``capture_grads`` step) or
-    parameters: {dense name: (tensor on the CPU, partition_dim or None)}. Only the ranks that own a
-    value send it (dp rank 0, cp rank 0; tp-replicated ones from tp rank 0; never the last stage's
-    tied copy; an expert's from edp rank 0, and etp rank 0 unless cut over etp), so
-    :func:`assemble` sees each value once."""
+    parameters, as the shard plan cuts them: [(ParamShard, tensor on the CPU)], only the blocks
+    this rank owns (so :func:`assemble` sees each value once; ``shard_plan.ParamShard.owned_ranges``)."""
     full = engine.last_grads if which == "grads" else engine.dp.full_parameters()
-    c = engine.coords
-    params = {n: p for chunk in engine.runner.chunks for n, p in chunk.named_parameters()}
-    out = {}
+    out = []
     for name, t in full.items():
-        p = params[name]
-        expert = getattr(p, "allreduce", True) is False   # its own grid: replicated over edp
-        if getattr(p, "shared", False) or (c["edp"] if expert else c["dp"] or c["cp"]):
-            continue
-        sharded = getattr(p, "tensor_model_parallel", False)
-        if sharded or c["etp" if expert else "tp"] == 0:
-            out[name] = (t.detach().cpu(), getattr(p, "partition_dim", None) if sharded else None)
+        entry = engine.plan[name]
+        if entry.owned_ranges(dp_sharded=False):
+            out.append((entry, t.detach().cpu()))
     return out
 
 
-def assemble(per_rank: list[dict]) -> dict[str, torch.Tensor]:
-    """Merge :func:`dense_shards` of every rank (in rank order, so tp shards are in tp order)
-    into {dense name: full tensor}."""
-    parts: dict[str, list] = {}
+def assemble(per_rank: list) -> dict:
+    """Merge :func:`dense_shards` of every rank into {dense name: full tensor} (``shard_plan``:
+    each rank's owned blocks put where the plan says they came from)."""
+    asm = sp_.Assembler()
     for shards in per_rank:
-        for name, (t, dim) in shards.items():
-            parts.setdefault(name, []).append((t, dim))
-    return {n: (ps[0][0] if ps[0][1] is None else torch.cat([t for t, _ in ps], dim=ps[0][1]))
-            for n, ps in parts.items()}
+        for entry, t in shards:
+            asm.add(entry, t, owned_only=True)
+    return asm.result()
 
 
 def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> Engine:
@@ -142,38 +141,42 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
     from .data_parallel.wrap import wrap_data_parallel
     from .tensor_parallel.random import apply_rng_streams
     coords = topo.coords(dist.get_rank())
+    plan = sp_.initial(model, dp_index=grad_reduce_group(groups).rank)
     # 1. Pipeline parallelism: keep this rank's stages (chapters "Pipeline", "Interleaved").
     if topo.pp > 1:
         from .pipeline_parallel.stage import split
-        chunks = split(model, cfg, coords["pp"])
+        chunks = split(model, cfg, coords["pp"], plan)
     else:
         chunks = [model]
-    # 2. Tensor (and sequence) parallelism on each stage, by module name (chapters TP / SP).
+    # 2. Tensor (and sequence) parallelism on each stage, by role (chapters TP / SP).
     if topo.tp > 1:
-        from .tensor_parallel.plan import apply_tensor_parallel
-        for chunk in chunks:
-            apply_tensor_parallel(chunk, groups["tp"], sequence_parallel=cfg.sequence_parallel)
+        from .tensor_parallel import plan as tp_plan
+        add_kv_groups(groups, topo, cfg.query_groups)
+        tp_plan.apply(chunks, groups, cfg, plan)
     apply_rng_streams(chunks, seed, coords["pp"], coords["tp"], cfg.sequence_parallel and topo.tp > 1,
                       next(model.parameters()).device)
     # 3. Context parallelism: swap each layer's core attention; the Engine shards every microbatch.
     transform = None
     if topo.cp > 1:
-        from .context_parallel.plan import apply_context_parallel
-        for chunk in chunks:
-            transform = apply_context_parallel(chunk, groups["cp"], cfg.cp_comm_type)
+        from .context_parallel import plan as cp_plan
+        cp_plan.apply(chunks, groups, cfg, plan)
+        transform = cp_plan.batch_transform(groups["cp"].rank, topo.cp)
     # 4. Expert parallelism: keep this rank's experts, tokens travel to them (chapter "Expert parallelism").
     if cfg.num_experts is not None:
-        from .expert_parallel.plan import apply_expert_parallel
+        from .expert_parallel import plan as ep_plan
         coords.update(topo.expert_coords(dist.get_rank()))   # etp, edp: experts' own grid
-        for chunk in chunks:
-            apply_expert_parallel(chunk, groups, cfg, cfg.num_microbatches(topo))
+        ep_plan.apply(chunks, groups, cfg, plan, cfg.num_microbatches(topo))
+    for chunk in chunks:                                      # Megatron's tags, from the plan
+        for name, p in chunk.named_parameters():
+            tag(p, **plan[name].tags())
     # 5. Data parallelism / ZeRO over everything this rank holds (chapter "Data parallelism").
-    dp = wrap_data_parallel(chunks, groups, cfg)
+    dp = wrap_data_parallel(chunks, groups, cfg, plan)
     if topo.pp > 1:
         from .pipeline_parallel.executor import PipelineRunner
         sp = topo.tp if cfg.sequence_parallel and topo.tp > 1 else 1   # SP: hidden states [b, s/t, h]
-        runner = PipelineRunner(chunks, groups, activation_shape=lambda tokens: (
+        runner = PipelineRunner(chunks, groups, schedule=cfg.schedule_name(), activation_shape=lambda tokens: (
             tokens.shape[0], tokens.shape[1] // sp, cfg.hidden_size))
     else:
         runner = SingleStageRunner(chunks)
-    return Engine(runner, dp, groups, coords, cfg, batch_transform=transform)
+    return Engine(runner, dp, groups, coords, cfg, batch_transform=transform, plan=plan)
+

@@ -18,7 +18,8 @@ from . import data
 from .config import train_config
 from .indexed_dataset import get_batch
 from .model import GPT
-from .moe import moe_layers, stats_table, summarize
+from .moe import moe_layers
+from .moe_stats import attach, stats_table, summarize
 
 
 def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture_grads: bool = False,
@@ -45,6 +46,7 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     m = gbs // cfg.micro_batch_size if cfg.num_experts is not None else 1
     for layer in moe_layers(model):
         layer.router.aux_loss_scale = 1.0 / m
+    attach(model)                       # the MoE values labkit.train logs
     for it in range(steps):
         if cfg.data_path is None:
             inputs, labels = data.get_batch(tokens, it, gbs, cfg.seq_length, seed)

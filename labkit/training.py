@@ -129,15 +129,17 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     """Runs on every rank: build, cut, train; rank 0 streams Megatron-format lines to the caller."""
     import torch.distributed as dist
 
-    from . import data
+    from . import data, moe_stats
     from .expert_parallel.metrics import step_metrics
     from .launcher import now, send_to_parent
     from .parallelize import dense_shards
 
     topo, groups, engine = build_rank(cfg, seed)
+    for chunk in engine.runner.chunks:      # Megatron logs the MoE values: keep the routers' statistics
+        moe_stats.attach(chunk)
     rank, gbs = dist.get_rank(), cfg.global_batch(topo)
     tokens = data.load_tokens() if cfg.data_path is None else None   # else: cfg.data_path
-    losses, norms, times, grads, moe = [], [], [], {}, []
+    losses, norms, times, grads, moe = [], [], [], [], []
     for it in range(steps):
         t0 = now()                                          # synchronizes a CUDA device first
         mbs = rank_microbatches(cfg, topo, it, seed, tokens, num_samples=steps * gbs)

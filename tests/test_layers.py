@@ -17,11 +17,13 @@ PKG = ROOT / "labkit"
 LAYERS = {
     # L0 pure: rules, layouts, calculators, schedules as data
     "labkit.topology": 0, "labkit.config": 0, "labkit.param_attrs": 0, "labkit.calc": 0,
+    "labkit.spec": 0, "labkit.shard_plan": 0, "labkit.pipeline_parallel.placement": 0,
     "labkit.pipeline_parallel.schedules": 0, "labkit.pipeline_parallel.simulate": 0,
     "labkit.pipeline_parallel.p2p_plan": 0, "labkit.figures.style": 0,
     # L1 runtime: processes, groups, collectives, the dense model, data
     "labkit.launcher": 1, "labkit.launch_rank": 1, "labkit.launch_collect": 1, "labkit.groups": 1, "labkit.comm": 1,
     "labkit.data": 1, "labkit.indexed_dataset": 1, "labkit.model": 1, "labkit.moe": 1,
+    "labkit.modules": 1, "labkit.moe_stats": 1,
     # L2 one folder per parallelism
     "labkit.tensor_parallel": 2, "labkit.context_parallel": 2, "labkit.expert_parallel": 2,
     "labkit.pipeline_parallel": 2, "labkit.data_parallel": 2,

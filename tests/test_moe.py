@@ -25,6 +25,7 @@ from torch.testing import assert_close
 from labkit import calc
 from labkit.config import GPTConfig, TrainConfig
 from labkit.model import GPT
+from labkit import moe_stats
 from labkit.moe import MoELayer, permute, unpermute
 
 H, E, T_B, T_S = 16, 4, 2, 6   # hidden, experts, batch, sequence
@@ -38,6 +39,7 @@ def layer(**kw) -> MoELayer:
     with torch.no_grad():
         for p in m.parameters():           # every weight and bias non-zero, so none hides a bug
             p.normal_(0, 0.5)
+    moe_stats.attach(m)                    # the routers' statistics are kept only when attached
     return m
 
 

@@ -26,6 +26,7 @@ ROOT = HERE.parents[1]
 def sources() -> list[Path]:
     pkg = ROOT / "labkit"
     return [pkg / "__init__.py", pkg / "topology.py", *sorted((pkg / "calc").glob("*.py")),
+            pkg / "pipeline_parallel" / "__init__.py", pkg / "pipeline_parallel" / "placement.py",  # stage placement
             ROOT / "book" / "_ext" / "labkit_answers.py"]
 
 

@@ -62,14 +62,10 @@ def embedding_params(model: ModelConfig, tp: int = 1) -> int:
 
 
 def stage_layers(model: ModelConfig, par: ParallelConfig, stage: int) -> list:
-    """Indices of the layers pipeline rank ``stage`` holds (v chunks at positions j*pp + stage)."""
-    v = virtual_pipeline_size(model, par)
-    per_chunk = model.num_layers // (par.pp * v)
-    out = []
-    for j in range(v):
-        start = (j * par.pp + stage) * per_chunk
-        out.extend(range(start, start + per_chunk))
-    return out
+    """Indices of the layers pipeline rank ``stage`` holds (Megatron's placement: v chunks, the
+    virtual stages stage, stage + pp, ...; ``labkit.pipeline_parallel.placement``, the one owner)."""
+    from ..pipeline_parallel.placement import rank_layers
+    return rank_layers(model.num_layers, stage, par.pp, virtual_pipeline_size(model, par))
 
 
 def stage_params(model: ModelConfig, par: ParallelConfig, stage: int) -> dict:

@@ -5,7 +5,9 @@ Engine's ``AttnFuncWithCPAndQKVOA2A``). Instead of passing K/V around, trade the
 an all-to-all turns q, k, v from [b, n, s/c, d] (my tokens, all n heads) into [b, n/c, s, d]
 (every token, my n/c heads); attention is then ordinary full-sequence attention of those heads
 (here labkit's dense ``causal_attention``: any kernel works); a second all-to-all turns the
-output back into [b, n, s/c, d]. Needs the heads per TP rank divisible by c.
+output back into [b, n, s/c, d]. Needs the heads (and, with group-query attention, the K/V
+groups) per TP rank divisible by c; query head i of rank j's n/c then reads K/V head i // (n/g)
+of its g/c, as on one device.
 
 Per rank and layer, 4 all-to-alls of a [b, n, s/c, d] tensor each way (q, k, v, out forward; their
 gradients backward), each sending (c-1)/c of it: the volume does not grow with c, and the
@@ -42,8 +44,12 @@ def a2a_attention(group: Group, q, k, v, layout: str = "balanced", causal: bool 
     c = group.size
     slots = _rank_major(c, layout)                          # slot -> chunk
     to_seq = sorted(range(2 * c), key=slots.__getitem__)     # chunk -> slot: sequence order
-    qkv = seq_to_head(group, torch.stack([q, k, v]))         # [3, b, n/c, s, d], rank-major
-    qs, ks, vs = _permute(qkv, to_seq)                       # sequence order
+    if k.shape[1] == q.shape[1]:
+        qkv = seq_to_head(group, torch.stack([q, k, v]))     # [3, b, n/c, s, d], rank-major
+        qs, ks, vs = _permute(qkv, to_seq)                   # sequence order
+    else:   # group-query attention: q's n heads and K/V's g heads go in two all-to-alls (g % c == 0)
+        qs = _permute(seq_to_head(group, q), to_seq)                         # [b, n/c, s, d]
+        ks, vs = _permute(seq_to_head(group, torch.stack([k, v])), to_seq)   # [b, g/c, s, d] each
     if causal:
         out = causal_attention(qs, ks, vs)                   # [b, n/c, s, d]
     else:

@@ -11,6 +11,11 @@ shows, and where the load-balanced split evens it out (:class:`Work` counts what
     for each K/V block:  acc = attend(q, k, v, my_ids, block_ids, acc)
     out, lse = finish(acc)
     ... backward: dq, dk, dv of each block = attend_backward(q, k, v, out, lse, dout, delta, ...)
+
+Group-query attention: q has n heads, k and v g (query head i reads K/V head i // (n/g)). The K/V
+blocks travel with their g heads (that is what makes K/V small under GQA); each block is widened
+to n heads only for the local computation, and its dK, dV are summed back over the n/g query heads
+that read each K/V head.
 """
 from __future__ import annotations
 
@@ -41,6 +46,17 @@ def _chunks(x, n: int) -> list:
     return list(x.chunk(n, dim=-2))                         # views [b, n_heads, c, d]
 
 
+def _widen(x, n: int):
+    """[b, g, c, d] -> [b, n, c, d]: K/V head j serves query heads j*n/g .. (j+1)*n/g - 1."""
+    return x if x.shape[1] == n else x.repeat_interleave(n // x.shape[1], dim=1)
+
+
+def _fold(gx, g: int):
+    """The inverse sum of :func:`_widen`: [b, n, c, d] -> [b, g, c, d]."""
+    b, n, c, d = gx.shape
+    return gx if n == g else gx.view(b, g, n // g, c, d).sum(2)
+
+
 def _pairs(q_ids, k_ids, causal):
     for a, qi in enumerate(q_ids):
         for j, ki in enumerate(k_ids):
@@ -52,9 +68,10 @@ def _pairs(q_ids, k_ids, causal):
 def attend(q, k, v, q_ids, k_ids, acc=None, causal: bool = True, work: Work | None = None) -> list:
     """Merge the attention of ``q`` (chunks ``q_ids``) over the block ``k``, ``v`` (chunks
     ``k_ids``) into ``acc`` [(out, lse) or None per query chunk]; returns the updated list.
-    q [b, n, len(q_ids)*c, d]; k, v [b, n, len(k_ids)*c, d]."""
+    q [b, n, len(q_ids)*c, d]; k, v [b, g, len(k_ids)*c, d] (g = n without GQA)."""
     t0 = time.perf_counter()
-    qs, ks, vs = _chunks(q, len(q_ids)), _chunks(k, len(k_ids)), _chunks(v, len(k_ids))
+    n = q.shape[1]
+    qs, ks, vs = _chunks(q, len(q_ids)), _chunks(_widen(k, n), len(k_ids)), _chunks(_widen(v, n), len(k_ids))
     acc = list(acc) if acc is not None else [None] * len(q_ids)
     for a, j, kind in _pairs(q_ids, k_ids, causal):
         mask = causal_mask(qs[a].shape[-2], q.device) if kind == "diag" else None
@@ -90,6 +107,7 @@ def attend_backward(q, k, v, out, lse, dout, delta, q_ids, k_ids, causal: bool =
     nq, nk = len(q_ids), len(k_ids)
     qs, os_, ls, ds, dl = (_chunks(q, nq), _chunks(out, nq), list(lse.chunk(nq, dim=-1)),
                            _chunks(dout, nq), list(delta.chunk(nq, dim=-1)))
+    g, k, v = k.shape[1], _widen(k, q.shape[1]), _widen(v, q.shape[1])
     ks, vs = _chunks(k, nk), _chunks(v, nk)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dqs, dks, dvs = _chunks(dq, nq), _chunks(dk, nk), _chunks(dv, nk)   # views: add in place
@@ -104,4 +122,4 @@ def attend_backward(q, k, v, out, lse, dout, delta, q_ids, k_ids, causal: bool =
             work.blocks += 1
     if work is not None:
         work.seconds += time.perf_counter() - t0
-    return dq, dk, dv
+    return dq, _fold(dk, g), _fold(dv, g)

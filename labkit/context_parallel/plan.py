@@ -3,23 +3,23 @@
 Chapter "Context parallelism". Step 3 of ``labkit.parallelize`` (after the pipeline split and TP):
 everything in a transformer layer but attention works token by token, so it runs unchanged on the
 rank's s/c tokens; only the core attention (q, k, v [b, n, s/c, d] -> [b, n, s/c, d]) needs the
-other ranks' keys and values, and becomes :class:`ContextParallelAttention` (by name, as the TP
-plan swaps its modules). The batch is cut by the Engine's batch transform (``sharding``): tokens,
-labels and position ids of the rank's two chunks. Gradients of the (replicated) weights are then
-partial sums over the CP group; the DP wrap averages them over dp x cp (``groups.grad_reduce_group``)
-and the loss of each rank is the mean over its s/c tokens, so the average is the full mean.
+other ranks' keys and values, and becomes :class:`ContextParallelAttention` (found by its role,
+"core_attention"). The batch is cut by the Engine's batch transform (``sharding``): tokens,
+labels and the GLOBAL position ids of the rank's two chunks, which the learned position table and
+RoPE read (RoPE rotates q and k before the core attention, so K/V blocks travel already rotated).
+With group-query attention K/V carry the g query groups, not the n heads (``blockwise``). No
+parameter is cut: in the shard plan CP only widens the data-parallel group of every dense
+parameter to dp x cp (``groups.grad_reduce_group``); the loss of each rank is the mean over its
+s/c tokens, so the average over dp x cp is the full mean.
 
-    transform = apply_context_parallel(model, groups["cp"], cp_comm_type="p2p")
-    Engine(..., batch_transform=transform)
+    plan = apply(chunks, groups, cfg, plan)                 # labkit.parallelize, step 3
+    Engine(..., batch_transform=batch_transform(groups["cp"].rank, cp))
 """
 from __future__ import annotations
-
-from fnmatch import fnmatch
 
 from torch import nn
 
 from ..groups import Group
-from ..model import CoreAttention
 from .a2a_attention import a2a_attention
 from .allgather_attention import allgather_attention
 from .blockwise import Work
@@ -54,33 +54,34 @@ class ContextParallelAttention(nn.Module):
         return f"cp={self.group.size}, cp_comm_type={self.cp_comm_type!r}, layout={self.layout!r}"
 
 
-def _swap(model: nn.Module, pattern: str, build) -> int:
+def _swap(model: nn.Module, group: Group, cp_comm_type: str, layout: str) -> int:
+    """Replace every module of role "core_attention" (labkit's causal attention; attention dropout
+    is refused by the rule book, labkit/config.py)."""
     n = 0
     for name, module in list(model.named_modules()):
-        if name and fnmatch(name, pattern):
+        if getattr(module, "role", None) == "core_attention":
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, build(module))
+            new = ContextParallelAttention(group, cp_comm_type, layout)
+            new.role = "core_attention"
+            setattr(model.get_submodule(parent) if parent else model, child, new)
             n += 1
     return n
 
 
-def _from_dense(module, group, cp_comm_type, layout):
-    if type(module) is not CoreAttention:
-        raise ValueError(f"context parallelism replaces labkit's causal CoreAttention; "
-                         f"{type(module).__name__} has another mask or kernel, which labkit's CP "
-                         f"does not implement")
-    if module.attention_dropout.p > 0:
-        raise ValueError(f"attention_dropout {module.attention_dropout.p} with context parallelism: "
-                         f"the blockwise attention keeps no dropout mask (labkit refuses it)")
-    return ContextParallelAttention(group, cp_comm_type, layout)
+def apply(chunks: list, groups: dict[str, Group], cfg, plan):
+    """Step 3 of ``labkit.parallelize``: swap every chunk's core attentions; returns ``plan``
+    (unchanged: its dense entries are already averaged over dp x cp, ``shard_plan.initial``)."""
+    for chunk in chunks:
+        _swap(chunk, groups["cp"], cfg.cp_comm_type, "balanced")
+    return plan
 
 
 def apply_context_parallel(model: nn.Module, group: Group, cp_comm_type: str = "p2p",
                            layout: str = "balanced", pattern: str = CORE_ATTENTION):
     """Swap the core attention of every layer of ``model`` (a GPT, a pipeline stage of one, or a
-    layer with ``pattern="self_attention.core_attention"``), in place; returns the batch transform
-    (tokens, labels) -> (tokens, labels, position_ids) of this CP rank."""
-    _swap(model, pattern, lambda m: _from_dense(m, group, cp_comm_type, layout))
+    layer), in place; returns the batch transform (tokens, labels) -> (tokens, labels,
+    position_ids) of this CP rank. ``pattern`` is kept for old callers: the role finds them."""
+    _swap(model, group, cp_comm_type, layout)
     return batch_transform(group.rank, group.size, layout)
 
 

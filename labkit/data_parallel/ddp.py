@@ -19,10 +19,12 @@ config (``ddp_bucket_size``, ``zero_stage``, ``use_distributed_optimizer``).
 The interface every DP implementation offers the Engine (labkit/parallelize.py):
     grad_sync_context(is_last_microbatch)  context for a microbatch's backward (no_sync semantics)
     finish_grad_sync()                     after all microbatches: gradients averaged over dp
-    all_reduce_grads(predicate, group)     sum the gradients of some parameters over another group
-                                           (SP norms over tp, tied embeddings over the embedding
-                                           group), in place, wherever this DP keeps them
-    grad_sq_sum(owns)                      squared gradients this rank counts (for the norm)
+    all_reduce_grads(ranges_of, group)     sum some gradients over another group, in place, wherever
+                                           this DP keeps them: ``ranges_of(name)`` gives the element
+                                           ranges [(lo, hi)] of each parameter's flattened gradient
+                                           (the shard plan's ``sum_ranges``: SP norms over tp, a
+                                           shared K/V group over tp_kv, tied embeddings over embd)
+    grad_sq_sum(ranges_of)                 squared gradients this rank counts (``owned_ranges``)
     scale_grads(coef)                      gradient clipping
     step()                                 optimizer step, then gradients set to None (or zeroed)
     grads_sharded                          True when each rank holds only a shard of the gradients
@@ -46,6 +48,17 @@ def make_optimizer(params, cfg) -> torch.optim.Optimizer:
     """AdamW with Megatron's argument names (``lr``, ``weight_decay``, ``adam_beta1/2``, ``adam_eps``)."""
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                              eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+
+
+def all_reduce_ranges(group: Group, grad: torch.Tensor, ranges) -> None:
+    """Sum elements [lo, hi) of the flattened ``grad`` over ``group``, in place (``copy_``: other
+    components may hold views of the gradient)."""
+    flat = grad.view(-1)
+    for lo, hi in ranges:
+        if (lo, hi) == (0, flat.numel()):
+            grad.copy_(comm.all_reduce(group, grad))
+        else:
+            flat[lo:hi].copy_(comm.all_reduce(group, flat[lo:hi]))
 
 
 class NaiveDataParallel:
@@ -98,19 +111,21 @@ class NaiveDataParallel:
         return {n: p.grad.detach().clone() for n, p in zip(self.names, self.params) if p.grad is not None}
 
     @torch.no_grad()
-    def all_reduce_grads(self, predicate, group: Group) -> None:
-        for p in self.params:
-            if p.grad is not None and predicate(p):
-                p.grad.copy_(comm.all_reduce(group, p.grad))
+    def all_reduce_grads(self, ranges_of, group: Group) -> None:
+        for name, p in zip(self.names, self.params):
+            if p.grad is not None:
+                all_reduce_ranges(group, p.grad, ranges_of(name))
 
     @torch.no_grad()
-    def grad_sq_sum(self, owns) -> torch.Tensor:
-        """Sum of the squared gradients of the parameters this rank ``owns`` (a 0-d float64 tensor:
-        no host sync per parameter)."""
+    def grad_sq_sum(self, ranges_of) -> torch.Tensor:
+        """Sum of the squares of the gradient elements this rank counts, ``ranges_of(name)`` (a 0-d
+        float64 tensor: no host sync per parameter)."""
         total = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
-        for p in self.params:
-            if p.grad is not None and owns(p):
-                total += p.grad.double().pow(2).sum()
+        for name, p in zip(self.names, self.params):
+            if p.grad is not None:
+                flat = p.grad.reshape(-1)
+                for lo, hi in ranges_of(name):
+                    total += flat[lo:hi].double().pow(2).sum()
         return total
 
     @torch.no_grad()

@@ -2,17 +2,19 @@
 
 Chapter "Data parallelism". After the pipeline split and the TP/CP/EP plans, each rank holds some
 parameters (its model chunks, cut). They are averaged over the ranks that hold the same values:
-dp, or dp x cp under context parallelism (``groups.grad_reduce_group``). They are bucketed by
-role first: the tied word embedding held by the first and the last pipeline stage gets a bucket
+dp, or dp x cp under context parallelism (``groups.grad_reduce_group``): the group each
+parameter's shard-plan entry names (``labkit.shard_plan``). They are bucketed by it first: the tied
+word embedding held by the first and the last pipeline stage (summed over "embd") gets a bucket
 of its own, so that under ZeRO both stages shard it the same way and its gradient shards can be
 summed over the embedding group element by element (Megatron-LM's
 ``_does_param_require_new_bucket`` in ``distributed/param_and_grad_buffer.py``).
 
-Routed experts (tagged ``allreduce=False``, chapter "Expert parallelism") get a bucket of their own,
-reduced over the expert-data-parallel group (the ranks holding the same experts); ZeRO shards it
-over that group. Megatron's scaling (``DistributedDataParallel.__init__``, d98e8a64): every gradient
-must end up divided by dp x cp; the dense ones by averaging over dp x cp, the experts' by scaling
-them by edp / (dp x cp) first (a hook on each expert parameter), then averaging over edp.
+Routed experts (entries averaged over "edp", chapter "Expert parallelism") get a bucket of their
+own, reduced over the expert-data-parallel group (the ranks holding the same experts); ZeRO shards
+it over that group. Megatron's scaling (``DistributedDataParallel.__init__``, d98e8a64): every
+gradient must end up divided by dp x cp; the dense ones by averaging over dp x cp, the experts' by
+scaling them by the entry's ``grad_scale`` = edp / (dp x cp) first (a hook on each expert
+parameter), then averaging over edp.
 
 :class:`DataParallelSet` runs one DP object per bucket behind the one interface (ddp.py).
 """
@@ -22,8 +24,8 @@ import contextlib
 
 import torch
 
+from .. import shard_plan as sp_
 from ..groups import Group, expert_grad_reduce_group, grad_reduce_group
-from ..param_attrs import is_expert
 from .ddp import BucketedDataParallel, NaiveDataParallel
 from .zero import ZERO_STAGES
 
@@ -47,12 +49,12 @@ class DataParallelSet:
         for m in self.members:
             m.finish_grad_sync()
 
-    def all_reduce_grads(self, predicate, group: Group) -> None:
+    def all_reduce_grads(self, ranges_of, group: Group) -> None:
         for m in self.members:
-            m.all_reduce_grads(predicate, group)
+            m.all_reduce_grads(ranges_of, group)
 
-    def grad_sq_sum(self, owns) -> torch.Tensor:
-        return sum(m.grad_sq_sum(owns) for m in self.members)
+    def grad_sq_sum(self, ranges_of) -> torch.Tensor:
+        return sum(m.grad_sq_sum(ranges_of) for m in self.members)
 
     def scale_grads(self, coef: float) -> None:
         for m in self.members:
@@ -83,31 +85,32 @@ class DataParallelSet:
         return sum(p.numel() for m in self.members for p in m.params)
 
 
-def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg) -> DataParallelSet:
-    """The DP implementation the config asks for, over every parameter of this rank's ``chunks``.
+def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.ShardPlan | None = None
+                       ) -> DataParallelSet:
+    """The DP implementation the config asks for, over every parameter of this rank's ``chunks``,
+    grouped as their shard-plan entries say (a dense plan when ``plan`` is None).
 
     ``zero_stage`` 1-3 (or ``use_distributed_optimizer``, stage 1) -> zero.py; else
     ``ddp_bucket_size`` -> BucketedDataParallel; else NaiveDataParallel.
     """
-    group = grad_reduce_group(groups)
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
-    role = lambda p: "embd" if getattr(p, "shared_embedding", False) else "expert" if is_expert(p) else "dense"  # noqa: E731
-    buckets = [([(n, p) for n, p in named if role(p) == r], group) for r in ("embd", "dense")]
-    experts = [(n, p) for n, p in named if role(p) == "expert"]
-    if experts:
-        edp = expert_grad_reduce_group(groups)
-        buckets.append((experts, edp))
-        scale = edp.size / group.size                    # Megatron's expert_gradient_scaling_factor
-        if scale != 1:
-            for _, p in experts:
-                p.register_hook(lambda g, s=scale: g * s)
+    plan = plan if plan is not None else sp_.ShardPlan({n: sp_.ParamShard(n, tuple(p.shape)) for n, p in named})
+    over = {"dp_cp": grad_reduce_group(groups)}
+    if any(plan[n].dp == "edp" for n, _ in named):
+        over["edp"] = expert_grad_reduce_group(groups)
+    kind = {n: "embd" if "embd" in plan[n].sum_axes() else plan[n].dp for n, _ in named}
+    buckets = [([(n, p) for n, p in named if kind[n] == k], over.get(k, over["dp_cp"]))
+               for k in ("embd", "dp_cp", "edp")]
+    for n, p in named:
+        if plan[n].grad_scale != 1:                  # experts: Megatron's expert_gradient_scaling_factor
+            p.register_hook(lambda g, s=plan[n].grad_scale: g * s)
     stage = cfg.effective_zero_stage
     members = []
-    for bucket, over in filter(lambda b: b[0], buckets):
+    for bucket_params, group in filter(lambda b: b[0], buckets):
         if stage:
-            members.append(ZERO_STAGES[stage](bucket, over, cfg, chunks[0] if stage == 3 else None))
+            members.append(ZERO_STAGES[stage](bucket_params, group, cfg, chunks if stage == 3 else None))
         elif cfg.ddp_bucket_size is not None:
-            members.append(BucketedDataParallel(bucket, over, cfg, cfg.ddp_bucket_size))
+            members.append(BucketedDataParallel(bucket_params, group, cfg, cfg.ddp_bucket_size))
         else:
-            members.append(NaiveDataParallel(bucket, over, cfg))
+            members.append(NaiveDataParallel(bucket_params, group, cfg))
     return DataParallelSet(members)

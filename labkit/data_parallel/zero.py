@@ -33,7 +33,7 @@ import torch
 
 from .. import comm
 from ..groups import Group, uncounted
-from .ddp import make_optimizer
+from .ddp import all_reduce_ranges, make_optimizer
 from .shard_layout import ShardLayout, optimizer_state_bytes, storage_bytes
 
 
@@ -61,29 +61,30 @@ class _ShardedDataParallel:
         self.optimizer = make_optimizer([self.shard], cfg)
 
     # -- what the Engine calls -------------------------------------------------------------
-    def _in_shard(self, predicate):
-        """(param, slice of the shard) for every parameter matching ``predicate`` that has
-        elements in this rank's shard [lo, hi) of the flat buffer."""
-        for p, a, b in zip(self.params, self.layout.offsets, self.layout.offsets[1:]):
-            lo, hi = max(a, self.lo), min(b, self.hi)
-            if lo < hi and predicate(p):
-                yield p, slice(lo - self.lo, hi - self.lo)
+    def _in_shard(self, ranges_of):
+        """Slices of this rank's shard [lo, hi) of the flat buffer holding the elements
+        ``ranges_of(name)`` (ranges of each parameter's flattened tensor) selects."""
+        for name, a in zip(self.names, self.layout.offsets):
+            for r0, r1 in ranges_of(name):
+                lo, hi = max(a + r0, self.lo), min(a + r1, self.hi)
+                if lo < hi:
+                    yield slice(lo - self.lo, hi - self.lo)
 
     @torch.no_grad()
-    def all_reduce_grads(self, predicate, group: Group) -> None:
-        """Sum over ``group`` the shard's elements of the matching parameters. The group's ranks
-        hold the same layout (tp ranks: equal shapes; the tied embedding: its own bucket), so the
+    def all_reduce_grads(self, ranges_of, group: Group) -> None:
+        """Sum over ``group`` the shard's elements ``ranges_of`` selects. The group's ranks hold
+        the same layout (tp ranks: equal shapes; the tied embedding: its own bucket), so the
         elements line up."""
         g = self.shard.grad
-        for _, sl in self._in_shard(predicate):
+        for sl in self._in_shard(ranges_of):
             g[sl] = comm.all_reduce(group, g[sl])
 
     @torch.no_grad()
-    def grad_sq_sum(self, owns) -> torch.Tensor:
-        """Squares of this rank's gradient shard, parameter by parameter (padding is not one)."""
+    def grad_sq_sum(self, ranges_of) -> torch.Tensor:
+        """Squares of the elements of this rank's gradient shard that ``ranges_of`` selects."""
         g = self.shard.grad
         total = torch.zeros((), dtype=torch.float64, device=g.device)
-        for _, sl in self._in_shard(owns):
+        for sl in self._in_shard(ranges_of):
             total += g[sl].double().pow(2).sum()
         return total
 
@@ -139,13 +140,12 @@ class ZeRO1(_ShardedDataParallel):
         return contextlib.nullcontext()  # accumulate full gradients locally; sync once at the end
 
     @torch.no_grad()
-    def all_reduce_grads(self, predicate, group: Group) -> None:
+    def all_reduce_grads(self, ranges_of, group: Group) -> None:
         """Megatron's way under the distributed optimizer: the whole gradient buffer exists, so the
-        matching parameters' gradients are all-reduced whole (``finalize_model_grads`` on
-        ``main_grad``). Only this rank's shard of the result is read by the step."""
-        for p in self.params:
-            if predicate(p):
-                p.grad.copy_(comm.all_reduce(group, p.grad))
+        selected gradients are all-reduced whole (``finalize_model_grads`` on ``main_grad``). Only
+        this rank's shard of the result is read by the step."""
+        for name, p in zip(self.names, self.params):
+            all_reduce_ranges(group, p.grad, ranges_of(name))
 
     @torch.no_grad()
     def finish_grad_sync(self) -> None:
@@ -212,8 +212,9 @@ class ZeRO3(ZeRO2):
         super().__init__(named_params, group, cfg, module)
         self._full_bytes = self.flat.untyped_storage().nbytes()
         self._free_params()
-        module.register_forward_pre_hook(lambda mod, args: self._gather_params())
-        module.register_forward_hook(self._after_forward)
+        for m in (module if isinstance(module, (list, tuple)) else [module]):   # every model chunk
+            m.register_forward_pre_hook(lambda mod, args: self._gather_params())
+            m.register_forward_hook(self._after_forward)
 
     def _initial_shard(self) -> torch.Tensor:
         return self.flat[self.lo:self.hi].clone()  # its own storage: the flat buffer gets freed

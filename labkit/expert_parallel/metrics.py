@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import comm
 from ..groups import Group, uncounted
-from ..moe import stats_table, summarize
+from ..moe_stats import stats_table, summarize
 
 
 def step_metrics(chunks, groups: dict[str, Group], cfg, topo) -> dict | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from .. import comm
 from ..groups import Group
 from ..moe import Router
-from ..param_attrs import tag
 
 
 class SequenceParallelRouter(Router):
@@ -30,7 +29,6 @@ class SequenceParallelRouter(Router):
         """The same weight (same Parameter), tagged; the same seams and statistics."""
         new = cls(router.cfg, tp)
         new.weight, new.aux_loss_scale, new.stats = router.weight, router.aux_loss_scale, router.stats
-        tag(new.weight, sequence_parallel=True)
         new.train(router.training)
         return new
 

@@ -5,10 +5,14 @@
   (``saved_tensors_hooks``), each storage once, parameters excluded;
 * :func:`labkit_layer_activation_bytes` - the same count, itemized, for labkit's transformer layer,
   to set next to Korthikanti et al. 2022's formula (``labkit.calc.memory.activation_bytes_per_layer``);
-* :func:`korthikanti_gaps` - each difference between the two, one reason per entry.
+* :func:`korthikanti_gaps` - each difference between the two, one reason per entry;
+* :class:`SavedTensorMeter` - the same count attached to a pipeline schedule's forwards
+  (``PipelineRunner.meters``): the most bytes held at once, and what one microbatch saves per chunk.
+  Nothing counts unless a caller attaches it: the training path pays nothing.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -48,6 +52,39 @@ def saved_activations(fn, *args, exclude=()) -> tuple[SavedActivations, object]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args)
     return rec, out
+
+
+class SavedTensorMeter:
+    """Attach to a ``PipelineRunner`` (``runner.meters.append(SavedTensorMeter())``): each forward
+    of (chunk, microbatch) records the storages autograd saves (parameters excluded), held until the
+    executor releases them after the backward; at the end of a schedule it fills the run's
+    ``peak_activation_bytes`` and ``activation_bytes`` {chunk: bytes one microbatch saves}."""
+
+    def __init__(self):
+        self.held, self.peak, self.sizes, self.per_chunk = 0, 0, {}, {}
+
+    @contextlib.contextmanager
+    def forward(self, chunk, c: int, mb: int):
+        params = {p.untyped_storage().data_ptr() for p in chunk.parameters()}
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                seen[ptr] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.sizes[(c, mb)] = self.per_chunk[c] = sum(seen.values())
+        self.held += self.sizes[(c, mb)]
+        self.peak = max(self.peak, self.held)
+
+    def release(self, c: int, mb: int) -> None:
+        self.held -= self.sizes.pop((c, mb))
+
+    def finish(self, run) -> None:
+        run.peak_activation_bytes, run.activation_bytes = self.peak, dict(self.per_chunk)
+        self.held, self.peak, self.sizes, self.per_chunk = 0, 0, {}, {}
 
 
 def labkit_layer_activation_bytes(seq_length, micro_batch_size, hidden_size, num_attention_heads,

@@ -90,6 +90,7 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
     from ..model import GPT
     from ..parallelize import parallelize
     from ..pipeline_parallel.stage import dense_name
+    from .activations import SavedTensorMeter
 
     p, m = len(schedule), 1 + max(a.microbatch for a in schedule[0])
     cfg = TrainConfig(num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=4,
@@ -102,6 +103,7 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
     model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=getattr(torch, params_dtype))
     engine = parallelize(model, topo, groups, cfg, seed)
     runner = engine.runner
+    runner.meters.append(SavedTensorMeter())    # count saved activations (attached: not in training)
     runner.schedule_fn = lambda p_, m_: schedule
     runner.clock = now                          # timestamps of work done (synchronizes on CUDA)
     tokens, losses, grads, events = data.load_tokens(), [], {}, []

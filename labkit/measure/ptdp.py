@@ -69,13 +69,14 @@ def _memory_worker(layouts: dict, base: dict, seed: int) -> dict:
     moments) and the most activation bytes autograd keeps at once during one step."""
     from .. import data
     from ..training import build_rank, rank_microbatches
-    from .activations import saved_activations
+    from .activations import SavedTensorMeter, saved_activations
     out = {}
     for name, layout in layouts.items():
         cfg = TrainConfig(**{**base, **layout})
         topo, groups, engine = build_rank(cfg, seed)
         mbs = rank_microbatches(cfg, topo, 0, seed, data.load_tokens())
         if topo.pp > 1:
+            engine.runner.meters.append(SavedTensorMeter())   # attached: training does not count
             engine.step(mbs)
             act = engine.runner.last_run.peak_activation_bytes
         else:   # one microbatch's saved tensors: the backward frees them before the next forward

@@ -10,7 +10,7 @@ import dataclasses
 from ..training import TrainConfig
 
 # fields that are labkit's own (no Megatron flag of that name) or need translating
-_NOT_MEGATRON = {"params_dtype", "zero_stage"}
+_NOT_MEGATRON = {"params_dtype", "zero_stage", "pipeline_schedule"}
 
 # ZeRO stage -> Megatron flags. Stage 1: the distributed optimizer (optimizer state sharded over
 # DP; it also reduce-scatters the gradients). Stages 2 and 3: Megatron-FSDP with its sharding
@@ -62,10 +62,17 @@ def to_flags(config: TrainConfig | dict, steps: int | None = None, seed: int | N
         value = getattr(cfg, f.name)
         if f.name in _NOT_MEGATRON or value == f.default or value is None:
             continue
+        if isinstance(value, bool):      # the switch storing this value (False: --disable-bias-linear)
+            flags.append(_switch(f.name, value))
+            continue
         flag = "--" + f.name.replace("_", "-")
         # moe_layer_freq: "[0,1,0,1]", no spaces (Megatron's moe_freq_type refuses them)
         text = "[" + ",".join(str(int(v)) for v in value) + "]" if isinstance(value, tuple) else str(value)
-        flags += [flag] if value is True else [flag, text]
+        flags += [flag, text]
+    if cfg.pipeline_schedule not in (None, cfg.schedule_name()) or cfg.schedule_name() not in (
+            "1f1b", "interleaved_1f1b"):
+        raise ValueError(f"pipeline_schedule {cfg.pipeline_schedule!r}: Megatron-LM runs 1F1B, or its "
+                         f"interleaved 1F1B when v > 1; it has no flag for another schedule")
     if cfg.zero_stage and not (cfg.zero_stage == 1 and "--use-distributed-optimizer" in flags):
         flags += ZERO_FLAGS[cfg.zero_stage]
     # flags Megatron needs, or whose Megatron default differs from labkit's (dropout 0.1 there,
@@ -87,3 +94,14 @@ def to_flags(config: TrainConfig | dict, steps: int | None = None, seed: int | N
     if unknown:
         raise ValueError(f"not Megatron-LM flags (arguments.py @ d98e8a64): {unknown}")
     return flags
+
+
+def _switch(dest: str, value: bool) -> str:
+    """The Megatron switch that stores ``value`` into ``args.dest`` (``--swiglu``; for
+    ``add_bias_linear=False``, ``--disable-bias-linear``), from Megatron's own flag table."""
+    from ..calc.megatron_args import FLAGS
+    same = dest.replace("_", "-")
+    options = [f for f, (d, kind, stored) in FLAGS.items() if d == dest and kind == "switch" and stored == value]
+    if not options:
+        raise ValueError(f"{dest}={value}: Megatron-LM has no switch that sets it (arguments.py @ d98e8a64)")
+    return "--" + (same if same in options else sorted(options)[0])

@@ -9,23 +9,29 @@ computes. Every message carries its name (kind, stage, microbatch), so a receive
 message than the plan says fails loudly instead of training on the wrong activation. Shapes are
 known on both sides, as in Megatron (``tensor_shape``): an activation between stages is
 [b, s_local, h] (``activation_shape``), a gradient has the shape of the output it belongs to.
+Which virtual stage each chunk is, and which rank holds the next one, is ``placement.py``'s answer.
+
+Measurement is not in the path: the executor records a timeline only when given a ``clock``, and
+counts the bytes autograd saves only when a meter is attached (``PipelineRunner.meters``; e.g.
+``labkit.measure.activations.SavedTensorMeter``), which then fills the ``ScheduleRun``'s
+``peak_activation_bytes`` and ``activation_bytes``.
 
 :class:`PipelineRunner` is the runner ``labkit.parallelize`` builds when pp > 1.
 """
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import comm
 from ..groups import Group
+from . import schedules
 from .p2p_plan import Message, plan
-from .schedules import Action, interleaved, one_f_one_b
+from .placement import SCHEDULES, default_schedule, holder, stage_of
+from .schedules import Action
 from .simulate import Event
-from .stage import stage_of
 
 
 @dataclass
@@ -33,23 +39,10 @@ class ScheduleRun:
     """What :func:`run_schedule` returns for one rank and one iteration."""
 
     loss_sum: float                      # sum over microbatches of loss / m (last stage), else 0
-    events: list[Event] = field(default_factory=list)   # seconds since ``t0``
-    peak_activation_bytes: int = 0       # most bytes saved for backward held at once
+    events: list[Event] = field(default_factory=list)   # seconds since ``t0`` (with a clock)
+    peak_activation_bytes: int = 0       # most bytes saved for backward held at once (a meter)
     peak_in_flight: int = 0              # most microbatch-chunks held at once
-    activation_bytes: dict = field(default_factory=dict)  # chunk -> bytes one microbatch saves
-
-
-def _saved_bytes(chunk):
-    """A saved-tensor hook that adds up the storages autograd keeps (parameters excluded)."""
-    params = {p.untyped_storage().data_ptr() for p in chunk.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-    return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    activation_bytes: dict = field(default_factory=dict)  # chunk -> bytes one microbatch saves (a meter)
 
 
 def _meta(msg: Message) -> tuple[int, int, int]:
@@ -57,34 +50,38 @@ def _meta(msg: Message) -> tuple[int, int, int]:
 
 
 def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
-                 t0: float | None = None, activation_shape=None, clock=time.perf_counter) -> ScheduleRun:
+                 t0: float | None = None, activation_shape=None, clock=None, placement: str = "loop",
+                 meters=()) -> ScheduleRun:
     """Run this rank's ``actions`` with its p2p ``steps`` (``p2p_plan.plan(schedule)[rank]``) on
-    its ``chunks`` ([chunk 0, chunk 1, ...], each a ``labkit.model.GPT`` part).
-    ``activation_shape(tokens) -> shape`` of the hidden states between stages (default [b, s, h]).
-    ``clock``: timestamps of the events; ``labkit.launcher.now`` synchronizes a CUDA device first,
-    so that GPU timelines show work done, not work queued (the default does not synchronize).
+    its ``chunks`` ([chunk 0, chunk 1, ...], each a ``labkit.model.GPT`` part), their stages
+    placed by ``placement``. ``activation_shape(tokens) -> shape`` of the hidden states between
+    stages (default [b, s, h]). ``clock``: timestamps of the events (None: no timeline);
+    ``labkit.launcher.now`` synchronizes a CUDA device first, so that GPU timelines show work done,
+    not work queued. ``meters``: objects with ``forward(chunk, c, mb)`` (a context manager around
+    the forward) and ``release(c, mb)`` (its activations freed), e.g. a SavedTensorMeter.
 
     ``microbatches``: [(tokens, labels[, position_ids])] of this data-parallel rank (only the first
     stage reads tokens, only the last labels). ``dp``: its ``grad_sync_context`` wraps each
     backward (None: no DP). Each loss is divided by m, so gradients accumulate to those of the mean
     loss over the global batch.
     """
-    p, r, m = group.size, group.rank, len(microbatches)
+    p, r, m, v = group.size, group.rank, len(microbatches), len(chunks)
     param = next(chunks[0].parameters())
     dev, dtype, h = param.device, param.dtype, chunks[0].cfg.hidden_size
     activation_shape = activation_shape or (lambda tokens: (*tokens.shape, h))
-    num_stages = p * len(chunks)
-    t0 = clock() if t0 is None else t0
+    num_stages = p * v
+    tick = clock or (lambda: 0.0)
+    t0 = tick() if t0 is None else t0
     uses_w = any(a.kind == "W" for a in actions)
     last_bwd = max(i for i, a in enumerate(actions) if a.kind == ("W" if uses_w else "B"))
-    inbox, outbox, saved, sizes = {}, {}, {}, {}
-    run, held_bytes, loss_sum = ScheduleRun(0.0), 0, torch.zeros((), dtype=torch.float64, device=dev)
+    inbox, outbox, saved = {}, {}, {}
+    run, loss_sum = ScheduleRun(0.0), torch.zeros((), dtype=torch.float64, device=dev)
     pending = list(steps)
 
     def shape(msg: Message):
         if msg.kind == "F":                                 # activation: [b, s_local, h]
             return activation_shape(microbatches[msg.microbatch][0])
-        return saved[(msg.microbatch, (msg.stage - r) // p)][1].shape   # gradient of my output
+        return saved[(msg.microbatch, holder(msg.stage, p, v, placement)[1])][1].shape   # my output's
 
     def communicate(before):
         while pending and pending[0].before == before:
@@ -97,13 +94,14 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
     for i, a in enumerate(actions):
         communicate(i)
         c, mb = a.chunk, a.microbatch
-        s, chunk = stage_of(r, c, p), chunks[c]
+        s, chunk = stage_of(r, c, p, v, placement), chunks[c]
         tokens, labels, *rest = microbatches[mb]
         if a.kind == "F":
             x = tokens if s == 0 else inbox.pop(Message("F", s, mb)).requires_grad_()
-            start = clock()
-            seen, hooks = _saved_bytes(chunk)
-            with hooks:
+            start = tick()
+            with contextlib.ExitStack() as stack:
+                for meter in meters:
+                    stack.enter_context(meter.forward(chunk, c, mb))
                 out = chunk(x, labels if s == num_stages - 1 else None, *rest)
             if s == num_stages - 1:
                 out = out / m                               # mean over the global batch
@@ -111,12 +109,10 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
             else:
                 outbox[Message("F", s + 1, mb)] = out.detach()
             saved[(mb, c)] = (x, out)
-            sizes[(mb, c)] = run.activation_bytes[c] = sum(seen.values())
-            held_bytes += sizes[(mb, c)]
         else:
             x, out = saved[(mb, c)]
             grad = None if s == num_stages - 1 else inbox.get(Message("B", s, mb))
-            start = clock()
+            start = tick()
             sync = dp.grad_sync_context(i == last_bwd) if dp is not None else contextlib.nullcontext()
             with sync:
                 if a.kind == "B" and uses_w:                # input gradient only, keep the graph
@@ -131,46 +127,60 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
             if a.kind == ("W" if uses_w else "B"):          # activations of (mb, c) are freed
                 del saved[(mb, c)]
                 inbox.pop(Message("B", s, mb), None)
-                held_bytes -= sizes.pop((mb, c))
-        run.events.append(Event(r, a, start - t0, clock() - t0))
-        run.peak_activation_bytes = max(run.peak_activation_bytes, held_bytes)
+                for meter in meters:
+                    meter.release(c, mb)
+        if clock is not None:
+            run.events.append(Event(r, a, start - t0, clock() - t0))
         run.peak_in_flight = max(run.peak_in_flight, len(saved))
     communicate(None)
     run.loss_sum = float(loss_sum)                          # one host sync per iteration
+    for meter in meters:
+        meter.finish(run)
     return run
 
 
 class PipelineRunner:
     """``labkit.parallelize`` runner for pp > 1: this rank's chunks and the schedule that runs them.
 
-    ``schedule``: None -> 1F1B (Megatron's interleaved 1F1B when v > 1); or a builder
-    ``f(p, m) -> schedule`` (``schedules.gpipe``, ``zb_h1``, a student's) to compare schedules on
-    the same model. The p2p plan of each (schedule, m) is derived and checked once, then cached.
+    ``schedule``: a name of ``placement.SCHEDULES`` (``TrainConfig.schedule_name()``; None: 1F1B,
+    Megatron's interleaved 1F1B when v > 1), which also fixes where the stages sit; or a builder
+    ``f(p, m) -> schedule`` (``schedules.gpipe``, ``zb_h1``, a student's; Megatron's placement) to
+    compare schedules on the same model (``schedule_fn`` may be set later, as the labs do). The p2p
+    plan of each (schedule, m) is derived and checked once, then cached. ``clock``: record a
+    timeline (``last_run.events``); ``meters``: measurements to attach (see :func:`run_schedule`).
     """
 
-    def __init__(self, chunks: list, groups: dict, schedule=None, activation_shape=None,
-                 clock=time.perf_counter):
+    def __init__(self, chunks: list, groups: dict, schedule=None, activation_shape=None, clock=None):
         self.chunks, self.pp, self.activation_shape, self.clock = chunks, groups["pp"], activation_shape, clock
         self.computes_loss = chunks[-1].output_layer is not None
-        self.schedule_fn = schedule
+        name = schedule if isinstance(schedule, str) else None
+        self.schedule_name = name or default_schedule(len(chunks))
+        self.schedule_fn = None if isinstance(schedule, str) else schedule
+        self.meters: list = []
         self.last_run: ScheduleRun | None = None
         self._plans: dict[int, tuple] = {}
+
+    @property
+    def placement(self) -> str:
+        return "loop" if self.schedule_fn is not None else SCHEDULES[self.schedule_name][1]
 
     def schedule(self, m: int):
         p, v = self.pp.size, len(self.chunks)
         if self.schedule_fn is not None:
             return self.schedule_fn(p, m)
-        return interleaved(p, v, m) if v > 1 else one_f_one_b(p, m)
+        builder = getattr(schedules, SCHEDULES[self.schedule_name][0])
+        return builder(p, v, m) if builder is schedules.interleaved else builder(p, m)
 
     def plan(self, m: int) -> tuple[list[Action], list]:
         """(this rank's actions, its p2p steps) for m microbatches."""
-        if m not in self._plans:
+        key = (m, self.schedule_fn)
+        if key not in self._plans:
             sched = self.schedule(m)
-            self._plans[m] = (sched[self.pp.rank], plan(sched)[self.pp.rank])
-        return self._plans[m]
+            self._plans[key] = (sched[self.pp.rank], plan(sched, self.placement)[self.pp.rank])
+        return self._plans[key]
 
     def forward_backward(self, microbatches, dp, t0: float | None = None) -> float:
         actions, steps = self.plan(len(microbatches))
         self.last_run = run_schedule(actions, steps, self.chunks, self.pp, microbatches, dp, t0,
-                                     self.activation_shape, self.clock)
+                                     self.activation_shape, self.clock, self.placement, self.meters)
         return self.last_run.loss_sum

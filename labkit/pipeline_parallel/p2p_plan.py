@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .schedules import Action, stage_of
+from .placement import holder, stage_of
+from .schedules import Action
 
 
 @dataclass(frozen=True)
@@ -53,23 +54,25 @@ class Step:
         return bool(self.sends or self.recvs)
 
 
-def needs(a: Action, rank: int, p: int, num_stages: int):
+def needs(a: Action, rank: int, p: int, num_stages: int, placement: str = "loop"):
     """(peer, Message) that action ``a`` must receive first, or None."""
-    s = stage_of(rank, a.chunk, p)
+    v = num_stages // p
+    s = stage_of(rank, a.chunk, p, v, placement)
     if a.kind == "F" and s > 0:
-        return (s - 1) % p, Message("F", s, a.microbatch)
+        return holder(s - 1, p, v, placement)[0], Message("F", s, a.microbatch)
     if a.kind == "B" and s < num_stages - 1:
-        return (s + 1) % p, Message("B", s, a.microbatch)
+        return holder(s + 1, p, v, placement)[0], Message("B", s, a.microbatch)
     return None
 
 
-def produces(a: Action, rank: int, p: int, num_stages: int):
+def produces(a: Action, rank: int, p: int, num_stages: int, placement: str = "loop"):
     """(peer, Message) that action ``a`` sends when it is done, or None."""
-    s = stage_of(rank, a.chunk, p)
+    v = num_stages // p
+    s = stage_of(rank, a.chunk, p, v, placement)
     if a.kind == "F" and s < num_stages - 1:
-        return (s + 1) % p, Message("F", s + 1, a.microbatch)
+        return holder(s + 1, p, v, placement)[0], Message("F", s + 1, a.microbatch)
     if a.kind == "B" and s > 0:
-        return (s - 1) % p, Message("B", s - 1, a.microbatch)
+        return holder(s - 1, p, v, placement)[0], Message("B", s - 1, a.microbatch)
     return None
 
 
@@ -102,23 +105,25 @@ def interleaved_ticks(actions) -> list[list[int]]:
     return out + [[j] for j in range(i, len(kinds))]
 
 
-def rank_steps(actions, rank: int, p: int, v: int, ticks=per_action_ticks) -> list[Step]:
+def rank_steps(actions, rank: int, p: int, v: int, ticks=per_action_ticks,
+               placement: str = "loop") -> list[Step]:
     """The steps of one rank, in order: one batch between two ticks, which sends what the tick
     before produced and receives what the tick after needs."""
     S, steps, pending = p * v, [], []
     for tick in ticks(actions):
         step = Step(sends=pending, before=tick[0])
-        step.recvs = [n for n in (needs(actions[i], rank, p, S) for i in tick) if n is not None]
+        step.recvs = [n for n in (needs(actions[i], rank, p, S, placement) for i in tick) if n is not None]
         if step:
             steps.append(step)
-        pending = [o for o in (produces(actions[i], rank, p, S) for i in tick) if o is not None]
+        pending = [o for o in (produces(actions[i], rank, p, S, placement) for i in tick) if o is not None]
     if pending:
         steps.append(Step(sends=pending))
     return steps
 
 
-def plan(schedule) -> list[list[Step]]:
-    """Steps of every rank for ``schedule`` (one action list per rank, p >= 2 ranks).
+def plan(schedule, placement: str = "loop") -> list[list[Step]]:
+    """Steps of every rank for ``schedule`` (one action list per rank, p >= 2 ranks), its stages
+    placed by ``placement`` (``placement.py``).
 
     Megatron's two batchings are tried in turn (non-interleaved, then interleaved); the first one
     that :func:`check` proves safe is returned. Raises ValueError if neither is.
@@ -127,7 +132,7 @@ def plan(schedule) -> list[list[Step]]:
     v = 1 + max(a.chunk for acts in schedule for a in acts)
     errors = []
     for ticks in (per_action_ticks, interleaved_ticks):
-        steps = [rank_steps(acts, r, p, v, ticks) for r, acts in enumerate(schedule)]
+        steps = [rank_steps(acts, r, p, v, ticks, placement) for r, acts in enumerate(schedule)]
         try:
             check(steps)
             return steps

@@ -11,8 +11,8 @@ Pure Python: no torch, no processes.
 
 An action is ``Action(kind, microbatch, chunk)``: kind ``"F"`` (forward), ``"B"`` (backward; the
 input-gradient half when the schedule also has ``"W"`` steps) or ``"W"`` (weight gradient). With
-``v`` model chunks per rank, rank r holds virtual stages r, r+p, ..., r+(v-1)p (Megatron-LM's
-placement), so chunk c of rank r is virtual stage ``c*p + r``. Communication is implied, not
+``v`` model chunks per rank, which virtual stage chunk c of rank r is belongs to
+``placement.py`` (Megatron-LM's "loop" by default: rank r holds stages r, r+p, ..., r+(v-1)p). Communication is implied, not
 listed: the F of stage s sends its output to the F of stage s+1 (same microbatch); the B of stage
 s sends the gradient of its input to the B of stage s-1.
 
@@ -30,6 +30,8 @@ Builders (p = pipeline ranks, m = microbatches per iteration, v = chunks per ran
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .placement import holder, stage_of
 
 __all__ = ["Action", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "warmup_1f1b",
            "warmup_interleaved", "stage_of", "bubble_formula", "dependencies"]
@@ -67,11 +69,6 @@ def B(mb: int, chunk: int = 0) -> Action:
 
 def W(mb: int, chunk: int = 0) -> Action:
     return Action("W", mb, chunk)
-
-
-def stage_of(rank: int, chunk: int, p: int) -> int:
-    """Virtual stage held as ``chunk`` by ``rank`` (Megatron: rank r holds r, r+p, r+2p, ...)."""
-    return chunk * p + rank
 
 
 def _check_sizes(p: int, m: int, v: int = 1) -> None:
@@ -198,17 +195,23 @@ def bubble_formula(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m)
 
 
-def dependencies(rank: int, a: Action, p: int, v: int) -> list[tuple[int, Action]]:
+def dependencies(rank: int, a: Action, p: int, v: int, placement: str = "loop") -> list[tuple[int, Action]]:
     """(rank, action) pairs that must finish before ``a`` on ``rank`` may start (S = p*v stages).
 
     F(s, mb) needs F(s-1, mb): the activation arrives from the rank holding stage s-1.
     B(s, mb) needs F(s, mb) and, below the last stage, B(s+1, mb): the gradient of its output.
     W(s, mb) needs B(s, mb) (it reuses B's saved tensors).
     """
-    s, last = stage_of(rank, a.chunk, p), p * v - 1
+    s, last = stage_of(rank, a.chunk, p, v, placement), p * v - 1
     if a.kind == "F":
-        return [] if s == 0 else [((s - 1) % p, Action("F", a.microbatch, (s - 1) // p))]
+        if s == 0:
+            return []
+        r, c = holder(s - 1, p, v, placement)
+        return [(r, Action("F", a.microbatch, c))]
     if a.kind == "B":
         own = [(rank, Action("F", a.microbatch, a.chunk))]
-        return own if s == last else own + [((s + 1) % p, Action("B", a.microbatch, (s + 1) // p))]
+        if s == last:
+            return own
+        r, c = holder(s + 1, p, v, placement)
+        return own + [(r, Action("B", a.microbatch, c))]
     return [(rank, Action("B", a.microbatch, a.chunk))]

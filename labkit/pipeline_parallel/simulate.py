@@ -55,7 +55,7 @@ def _shape(schedule) -> tuple[int, int, int]:
     return len(schedule), 1 + max(a.chunk for a in acts), 1 + max(a.microbatch for a in acts)
 
 
-def validate(schedule) -> tuple[int, int, int]:
+def validate(schedule, placement: str = "loop") -> tuple[int, int, int]:
     """Raise ValueError if ``schedule`` cannot run; return its (p, v, m).
 
     Checks: every rank runs F and B exactly once for each (microbatch, chunk), and W exactly once
@@ -83,12 +83,12 @@ def validate(schedule) -> tuple[int, int, int]:
                 if pos[before] > pos[a]:
                     raise ValueError(f"rank {r}: {a} at position {pos[a]} comes before {before} "
                                      f"at position {pos[before]}; it needs that one's result")
-    simulate(schedule)  # raises on deadlock
+    simulate(schedule, placement=placement)  # raises on deadlock
     return p, v, m
 
 
 def simulate(schedule, forward: float = 1.0, backward: float = 2.0, weight: float | None = None,
-             comm: float = 0.0) -> Simulation:
+             comm: float = 0.0, placement: str = "loop") -> Simulation:
     """Time ``schedule`` with fixed costs per action (Narayanan et al. take backward = 2 x forward).
 
     ``backward`` is the cost of a full backward; when the schedule has W steps it is split into
@@ -108,7 +108,7 @@ def simulate(schedule, forward: float = 1.0, backward: float = 2.0, weight: floa
         for r in range(p):
             while nxt[r] < len(schedule[r]):
                 a = schedule[r][nxt[r]]
-                deps = dependencies(r, a, p, v)
+                deps = dependencies(r, a, p, v, placement)
                 if not all(d in done for d in deps):
                     break
                 start = max([free[r]] + [done[d] + (comm if d[0] != r else 0.0) for d in deps])

@@ -1,8 +1,9 @@
 """Split the dense model into this rank's pipeline stages (the first step of ``labkit.parallelize``).
 
 Chapters "Pipeline parallelism" and "Interleaved pipeline" (Narayanan et al. 2021, Sec. 2.2).
-With p pipeline ranks and v model chunks per rank there are S = p*v virtual stages; rank r holds
-stages r, r+p, ..., r+(v-1)p (Megatron-LM's placement), each a contiguous block of layers. Stage 0
+With p pipeline ranks and v model chunks per rank there are S = p*v virtual stages; which ones rank
+r holds is ``placement.py``'s answer for the run's schedule (Megatron-LM's r, r+p, ..., r+(v-1)p
+for 1F1B and interleaved 1F1B), each a contiguous block of layers. Stage 0
 also holds the embedding; stage S-1 the final norm, the output layer and the loss. Each chunk is a
 ``labkit.model.GPT`` sharing the dense model's modules (``GPT.part``), so the later plans (TP, CP,
 EP) and the one forward apply to it unchanged, and its parameters keep the dense names.
@@ -10,46 +11,57 @@ EP) and the one forward apply to it unchanged, and its parameters keep the dense
 A tied output layer is the word embedding itself; when the first and the last stage are different
 ranks, the last stage gets its own copy (``output_layer.weight``), as Megatron does, and both copies
 are tagged ``shared_embedding``; their gradients are summed over the embedding group after each
-backward, so the copies stay equal. The last stage's copy is also tagged ``shared``: the gradient
-norm counts it once (labkit/param_attrs.py).
+backward, so the copies stay equal. In the shard plan both copies are one dense parameter held by
+the two ranks of the embedding group, summed over it; the first stage's copy is the one the
+gradient norm counts (Megatron's ``shared`` tag on the other: ``param_is_not_shared``).
 """
 from __future__ import annotations
 
 from torch import nn
 
+from .. import shard_plan as sp_
+from ..modules import role
 from ..model import OutputLayer
 from ..param_attrs import tag
+from .placement import SCHEDULES, rank_stages, stage_of  # noqa: F401 - stage_of: the one placement
+
+EMBEDDING = "embedding.word_embeddings.weight"
 
 
-def stage_of(rank: int, chunk: int, pp: int) -> int:
-    """Virtual stage held by ``rank`` as its model chunk ``chunk`` (Megatron's placement)."""
-    return chunk * pp + rank
-
-
-def split(model, cfg, pp_rank: int) -> list:
+def split(model, cfg, pp_rank: int, plan: sp_.ShardPlan | None = None) -> list:
     """This pp rank's model chunks [chunk 0, chunk 1, ...] of the dense ``model`` (a GPT).
 
-    ``cfg``: a ``labkit.config.TrainConfig`` (pp size, virtual stages, and the layers of each).
+    ``cfg``: a ``labkit.config.TrainConfig`` (pp size, virtual stages, the schedule and so the
+    placement). ``plan``: the dense model's shard plan, refined in place to what this rank holds.
     """
     pp, v = cfg.pipeline_model_parallel_size, cfg.virtual_pipeline_size()
-    last = pp * v - 1
-    chunks = []
-    for c in range(v):
-        s = stage_of(pp_rank, c, pp)
+    placement, last = SCHEDULES[cfg.schedule_name()][1], pp * v - 1
+    tied = model.output_layer.weight is None
+    chunks, copy = [], None
+    for s in rank_stages(pp_rank, pp, v, placement):
         chunk = model.part(cfg.stage_layers(s), pre_process=(s == 0), post_process=(s == last))
-        tied = model.output_layer.weight is None
-        if tied and last > 0 and s == 0:
-            tag(model.embedding.word_embeddings.weight, shared_embedding=True)
         if tied and last > 0 and s == last:               # its own copy of the word embeddings
-            out = OutputLayer(model.cfg)                  # tied config: no weight of its own yet
-            out.weight = nn.Parameter(model.embedding.word_embeddings.weight.detach().clone())
-            tag(out.weight, shared_embedding=True, shared=True)
+            out = role(OutputLayer(model.cfg), "output")  # tied config: no weight of its own yet
+            out.weight = copy = nn.Parameter(model.embedding.word_embeddings.weight.detach().clone())
             chunk.output_layer = out
         chunks.append(chunk)
+    if plan is not None:
+        held = {n for c in chunks for n, _ in c.named_parameters()}
+        for name in set(plan) - held:
+            del plan[name]
+        if tied and last > 0:                             # both copies: summed over the embd group
+            if EMBEDDING in held:
+                plan[EMBEDDING] = plan[EMBEDDING].with_replicas("embd", 0, 2, summed=True)
+            if copy is not None:
+                entry = sp_.ParamShard(EMBEDDING, tuple(copy.shape), dp_index=next(iter(plan.values())).dp_index)
+                plan["output_layer.weight"] = entry.with_replicas("embd", 1, 2, summed=True)
+        for c in chunks:
+            for n, p in c.named_parameters():
+                tag(p, **plan[n].tags())
     return chunks
 
 
 def dense_name(name: str, param) -> str:
     """The dense model's name of a chunk parameter (the last stage's tied copy is the embedding)."""
-    return "embedding.word_embeddings.weight" if getattr(param, "shared", False) else name
+    return EMBEDDING if getattr(param, "shared", False) else name
 

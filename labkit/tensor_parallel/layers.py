@@ -12,7 +12,10 @@ same with heads: linear_qkv column-parallel (whole heads per rank), linear_proj 
 At the borders (tensor_parallel/tp_comm.py): f before the column-parallel GEMM, f-bar after the
 row-parallel one; under sequence parallelism the activations outside are [b, s/t, h] and the pair
 becomes g (all-gather) / g-bar (reduce-scatter). Every layer is built ``from_dense(linear, group)``,
-keeping this rank's slice of the dense weights, and tags its parameters (labkit/param_attrs.py).
+keeping this rank's slice of the dense weights: a contiguous 1/t by default, or the blocks of the
+parameter's shard-plan entry (``labkit.shard_plan``: SwiGLU's [gate_r; up_r], a GQA rank's query
+heads and its group's K/V). The plan, not the layer, says how each parameter's gradient is
+finished and sets Megatron's tags.
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import shard_plan
 from ..groups import Group
-from ..param_attrs import inherit, tag
 from . import tp_comm
 from .sequence_parallel import linear_with_sequence_regather
 
@@ -32,15 +35,19 @@ def divide(n: int, t: int, what: str) -> int:
     return n // t
 
 
-def _param(t: torch.Tensor | None, like=None, **tags) -> nn.Parameter | None:
-    """A new parameter holding ``t`` (a slice of the dense ``like``), with TP tags and ``like``'s role."""
+def _param(t: torch.Tensor | None) -> nn.Parameter | None:
+    """A new parameter holding ``t`` (this rank's slice of a dense tensor)."""
+    return None if t is None else nn.Parameter(t.detach().clone())
+
+
+def _slice(t, entry, dim: int, group: Group, what: str):
+    """This rank's part of the dense ``t``: ``entry``'s blocks, or a contiguous 1/t along ``dim``."""
     if t is None:
         return None
-    p = nn.Parameter(t.detach().clone())
-    tag(p, **tags)
-    if like is not None:
-        inherit(p, like)
-    return p
+    if entry is not None:
+        return shard_plan.cut(t, entry)
+    n = divide(t.shape[dim], group.size, what)
+    return t.narrow(dim, group.rank * n, n)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -53,22 +60,20 @@ class ColumnParallelLinear(nn.Module):
 
     regather_input = False  # advanced (sequence_parallel.use_regather): Megatron's memory saving
 
-    def __init__(self, weight, bias, group: Group, gather_output=False, sequence_parallel=False,
-                 like=None):
+    def __init__(self, weight, bias, group: Group, gather_output=False, sequence_parallel=False):
         super().__init__()
         self.group, self.gather_output, self.sequence_parallel = group, gather_output, sequence_parallel
-        self.weight = _param(weight, like, tensor_model_parallel=True, partition_dim=0)  # [out/t, in]
-        self.bias = _param(bias, None, tensor_model_parallel=True, partition_dim=0)      # [out/t]
+        self.weight = _param(weight)                        # [out/t, in]
+        self.bias = _param(bias)                            # [out/t]
 
     @classmethod
-    def from_dense(cls, linear: nn.Module, group: Group, **kw):
-        w = linear.weight
+    def from_dense(cls, linear: nn.Module, group: Group, entry=None, **kw):
+        """``entry``: the weight's ParamShard (its rows; the bias takes the same), else 1/t contiguous."""
+        w, bias = linear.weight, getattr(linear, "bias", None)
         if w is None:                                       # tied output layer: no weight here
             return cls(None, None, group, **kw)
-        out = divide(w.shape[0], group.size, "output features")
-        rows = slice(group.rank * out, (group.rank + 1) * out)
-        bias = getattr(linear, "bias", None)
-        return cls(w[rows], None if bias is None else bias[rows], group, like=w, **kw)
+        return cls(_slice(w, entry, 0, group, "output features"),        # bias: the same rows
+                   _slice(bias, entry, 0, group, "output features"), group, **kw)
 
     def forward(self, x, weight=None):
         w = self.weight if weight is None else weight
@@ -92,14 +97,13 @@ class RowParallelLinear(nn.Module):
     def __init__(self, weight, bias, group: Group, sequence_parallel=False):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
-        self.weight = _param(weight, tensor_model_parallel=True, partition_dim=1)   # [out, in/t]
-        self.bias = _param(bias, tensor_model_parallel=False, sequence_parallel=sequence_parallel)
+        self.weight = _param(weight)                        # [out, in/t]
+        self.bias = _param(bias)                            # [out], replicated
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, group: Group, **kw):
-        cols = divide(linear.in_features, group.size, "input features")
-        w = linear.weight[:, group.rank * cols:(group.rank + 1) * cols]
-        return cls(w, linear.bias, group, **kw)
+    def from_dense(cls, linear: nn.Linear, group: Group, entry=None, **kw):
+        """``entry``: the weight's ParamShard (its columns), else 1/t contiguous."""
+        return cls(_slice(linear.weight, entry, 1, group, "input features"), linear.bias, group, **kw)
 
     def forward(self, x):                                  # x: [b, s, in/t]
         partial = F.linear(x, self.weight)                 # [b, s, out]: this rank's share of the sum

@@ -1,105 +1,179 @@
-"""The tensor-parallel plan: which dense module becomes which parallel one, as data.
+"""The tensor-parallel plan: which ROLE becomes which parallel module, and how each parameter is cut.
 
 Chapters "Tensor parallelism" and "Sequence parallelism". Like torchtitan's ``parallelize_llama``
-(a dict from module name to style) and picotron's ``apply_tensor_parallel``: the dense model
-(labkit/model.py) is not rewritten, its seams are swapped by name. The book prints the plans with
-and without sequence parallelism side by side (:func:`describe`).
+(a dict of styles) and picotron's ``apply_tensor_parallel``, the dense model (labkit/model.py) is
+not rewritten: each module tagged with a role (``labkit.modules``) is swapped or tagged by the
+style of its role, whatever its class (an RMSNorm is a "norm" like a LayerNorm). For each
+parameter the style also refines the shard plan (``labkit.shard_plan``): the rows or columns this
+rank keeps, and the parameters replicated over tp (norms, row-parallel biases), whose gradients
+are partial sums under sequence parallelism. The book prints the plans with and without SP side
+by side (:func:`describe`).
 
-    apply_tensor_parallel(model, groups["tp"], sequence_parallel=True)   # in place, any PP stage
+    plan = apply(chunks, groups, cfg, plan)              # labkit.parallelize: refines the ShardPlan
+    apply_tensor_parallel(model, groups["tp"], sequence_parallel=True)   # the one-liner (a model)
+
+Fused weights are cut as Megatron cuts them: a query group's [q | k | v] rows stay together, and
+with fewer groups than tp ranks each rank holds its query heads and a copy of its group's K and V
+(summed over the ranks sharing it); SwiGLU's fc1 = [gate; up] gives rank r [gate_r; up_r].
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from typing import Callable
 
 from torch import nn
 
+from .. import shard_plan as sp_
 from ..groups import Group
+from ..param_attrs import tag
 from .layers import ColumnParallelLinear, RowParallelLinear, divide
-from .sequence_parallel import ScatterToSequence, mark_sequence_parallel
+from .sequence_parallel import ScatterToSequence
 from .vocab_parallel import VocabParallelCrossEntropyLoss, VocabParallelEmbedding
+
+# where the roles sit in labkit's GPT, in forward order (the book's table; plans are keyed by role)
+WHERE = [("embedding.word_embeddings", "embedding"), ("embedding.to_sequence_shard", "sequence_shard"),
+         ("decoder.layers.*.input_layernorm", "norm"), ("decoder.layers.*.self_attention.linear_qkv", "qkv"),
+         ("decoder.layers.*.self_attention.linear_proj", "proj"), ("decoder.layers.*.pre_mlp_layernorm", "norm"),
+         ("decoder.layers.*.mlp.linear_fc1", "fc1"), ("decoder.layers.*.mlp.linear_fc2", "fc2"),
+         ("decoder.final_layernorm", "norm"), ("output_layer", "output"), ("loss_fn", "loss")]
 
 
 @dataclass(frozen=True)
 class Style:
-    """What happens to the modules a pattern names: a sentence for the book, and the builder."""
+    """What the plan does to a module of one role: a sentence for the book, how its parameters are
+    cut (``shard(module, t, r, plan entries) -> entries``), and the builder of its replacement
+    (``build(module, group, entries) -> module``)."""
 
     what: str
-    build: Callable  # (dense module, group) -> module that replaces it (or the same one, tagged)
+    shard: Callable
+    build: Callable
 
 
-def _tagged_norm(m, g):
-    mark_sequence_parallel(m)
+def _rows(m, t: int, r: int):
+    """The output rows a column-parallel module keeps: a fused QKV's groups, SwiGLU's [gate_r; up_r]."""
+    if hasattr(m, "qkv_layout"):
+        return sp_.qkv(*m.qkv_layout, t, r)
+    n = m.weight.shape[0]
+    if getattr(m, "stack", 1) > 1:
+        divide(n // m.stack, t, "ffn_hidden_size")
+        return sp_.stacked(n, m.stack, t, r)
+    divide(n, t, "output features")
+    return sp_.contiguous(n, t, r)
+
+
+def _column(m, t, r, e):
+    if m.weight is None:                                    # tied output layer: the embedding's rows
+        return e
+    blocks = _rows(m, t, r)
+    return {k: v.cut_along(0, blocks, "tp") for k, v in e.items()}
+
+
+def _row(sp: bool):
+    def shard(m, t, r, e):
+        cols = sp_.contiguous(m.weight.shape[1], t, r)
+        divide(m.weight.shape[1], t, "input features")
+        out = {"weight": e["weight"].cut_along(1, cols, "tp")}
+        if "bias" in e:   # added once, after the sum: replicated; under SP each rank adds its positions
+            out["bias"] = e["bias"].with_replicas("tp", r, t, summed=sp)
+        return out
+    return shard
+
+
+def _replicated(sp: bool):
+    return lambda m, t, r, e: {k: v.with_replicas("tp", r, t, summed=sp) for k, v in e.items()}
+
+
+def _same(m, g, e):
     return m
 
 
-def tp_plan(sequence_parallel: bool = False, shared_experts: bool = False) -> dict[str, Style]:
-    """{module name pattern: Style}, applied in this order by :func:`apply_tensor_parallel`.
+def _vocab(m, t, r, e):
+    divide(m.weight.shape[0], t, "padded vocab_size")
+    return {"weight": e["weight"].cut_along(0, sp_.contiguous(m.weight.shape[0], t, r), "tp")}
 
-    ``shared_experts``: the model's MoE layers have a shared expert (Megatron's SharedExpertMLP),
-    cut over tp like the dense MLP; the routed experts are the expert-parallel plan's.
-    """
+
+def tp_plan(sequence_parallel: bool = False) -> dict[str, Style]:
+    """{role: Style}, applied in module order by :func:`apply`. Roles not listed are left alone
+    (the routed experts are the expert-parallel plan's; the core attention the CP plan's)."""
     sp = sequence_parallel
-    col = Style("g (all-gather seq) -> column" if sp else "f -> column",
-                lambda m, g: ColumnParallelLinear.from_dense(m, g, sequence_parallel=sp))
-    row = Style("row -> g-bar (reduce-scatter seq)" if sp else "row -> f-bar (all-reduce)",
-                lambda m, g: RowParallelLinear.from_dense(m, g, sequence_parallel=sp))
-    norm = (Style("shard [b, s/t, h], grads summed", _tagged_norm) if sp
-            else Style("replicated [b, s, h]", lambda m, g: m))
-    plan = {
-        "embedding.word_embeddings": Style("vocab rows V/t -> f-bar (all-reduce)",
-                                           lambda m, g: VocabParallelEmbedding.from_dense(m, g)),
-        "embedding.to_sequence_shard": (Style("+ positions, keep my s/t", lambda m, g:
-                                              ScatterToSequence(g)) if sp else
-                                        Style("+ positions, replicated", lambda m, g: m)),
-        "decoder.layers.*.input_layernorm": norm,
-        "decoder.layers.*.self_attention.linear_qkv": Style(col.what + ", heads a/t", col.build),
-        "decoder.layers.*.self_attention.linear_proj": row,
-        "decoder.layers.*.pre_mlp_layernorm": norm,
-        "decoder.layers.*.mlp.linear_fc1": Style(col.what + ", 4h/t", col.build),
-        "decoder.layers.*.mlp.linear_fc2": row,
-        **({"decoder.layers.*.mlp.shared_experts.linear_fc1": Style(col.what + ", shared ffn/t", col.build),
-            "decoder.layers.*.mlp.shared_experts.linear_fc2": row} if shared_experts else {}),
-        "decoder.final_layernorm": norm,
-        "output_layer": Style(("g (all-gather seq)" if sp else "f") + " -> vocab rows V/t", col.build),
-        "loss_fn": Style("vocab-parallel cross-entropy", lambda m, g: VocabParallelCrossEntropyLoss(g)),
+    col = Style("g (all-gather seq) -> column" if sp else "f -> column", _column,
+                lambda m, g, e: ColumnParallelLinear.from_dense(m, g, e.get("weight"), sequence_parallel=sp))
+    row = Style("row -> g-bar (reduce-scatter seq)" if sp else "row -> f-bar (all-reduce)", _row(sp),
+                lambda m, g, e: RowParallelLinear.from_dense(m, g, e.get("weight"), sequence_parallel=sp))
+    return {
+        "embedding": Style("vocab rows V/t -> f-bar (all-reduce)", _vocab,
+                           lambda m, g, e: VocabParallelEmbedding.from_dense(m, g)),
+        "position": Style("replicated, added before the SP scatter" if sp else "replicated",
+                          _replicated(False), _same),
+        "sequence_shard": Style("+ positions, keep my s/t" if sp else "+ positions, replicated",
+                                lambda m, t, r, e: e, (lambda m, g, e: ScatterToSequence(g)) if sp else _same),
+        "norm": Style("shard [b, s/t, h], grads summed" if sp else "replicated [b, s, h]", _replicated(sp), _same),
+        "qkv": Style(col.what + ", heads a/t", col.shard, col.build),            # whole query groups
+        "proj": row,
+        "fc1": Style(col.what + ", 4h/t", col.shard, col.build),                 # SwiGLU: [gate_r; up_r]
+        "fc2": row,
+        "output": Style(("g (all-gather seq)" if sp else "f") + " -> vocab rows V/t", _column, col.build),
+        "loss": Style("vocab-parallel cross-entropy", lambda m, t, r, e: e,
+                      lambda m, g, e: VocabParallelCrossEntropyLoss(g)),
     }
-    return plan
 
 
 def layer_plan(sequence_parallel: bool = False) -> dict[str, Style]:
-    """The part of :func:`tp_plan` that cuts one ``TransformerLayer`` (names relative to the layer)."""
-    prefix = "decoder.layers.*."
-    return {k[len(prefix):]: v for k, v in tp_plan(sequence_parallel).items() if k.startswith(prefix)}
+    """The styles that cut one ``TransformerLayer`` (the same plan: roles are found wherever they are)."""
+    return tp_plan(sequence_parallel)
 
 
 def describe(plan: dict[str, Style]) -> dict[str, str]:
-    """{pattern: what happens}: the plan as the book prints it."""
-    return {name: style.what for name, style in plan.items()}
+    """{where a role sits in labkit's GPT: what happens}: the plan as the book prints it (the
+    learned position table is "+ positions" of the sequence shard's line)."""
+    return {where: plan[role].what for where, role in WHERE if role in plan}
 
 
-def apply_plan(model: nn.Module, plan: dict[str, Style], group: Group) -> nn.Module:
-    """Replace every module whose name matches a pattern (in plan order); returns ``model``."""
-    for pattern, style in plan.items():
-        for name, module in list(model.named_modules()):
-            if name and module is not None and fnmatch(name, pattern):
-                parent, _, child = name.rpartition(".")
-                owner = model.get_submodule(parent) if parent else model
-                setattr(owner, child, style.build(module, group))
+def _local_heads(attn: nn.Module, t: int) -> None:
+    """The heads and query groups one tp rank's attention computes (a group per rank at least)."""
+    attn.num_attention_heads = divide(attn.num_attention_heads, t, "num_attention_heads")
+    attn.num_query_groups = max(1, attn.num_query_groups // t)
+
+
+def apply_plan(model: nn.Module, styles: dict[str, Style], group: Group,
+               plan: sp_.ShardPlan | None = None) -> nn.Module:
+    """Replace or tag every module whose role has a style, refining ``plan`` in place (a fresh one
+    made from ``model``'s parameters if None); returns ``model``. Megatron's tags come from the plan."""
+    plan = sp_.initial(model) if plan is None else plan
+    t, r = group.size, group.rank
+    for name, module in list(model.named_modules()):
+        style = styles.get(getattr(module, "role", None))
+        if style is None:
+            continue
+        prefix = name + "." if name else ""
+        entries = {k: plan[prefix + k] for k, _ in module.named_parameters(recurse=False)}
+        entries = style.shard(module, t, r, entries)
+        new = style.build(module, group, entries)
+        new.role = module.role
+        if new is not module:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, new)
+        if module.role == "qkv":
+            _local_heads(model.get_submodule(name.rpartition(".")[0]), t)
+        plan.update({prefix + k: v for k, v in entries.items()})
+    for name, p in model.named_parameters():
+        tag(p, **plan[name].tags())
     return model
 
 
-def apply_tensor_parallel(model: nn.Module, group: Group, sequence_parallel: bool = False) -> nn.Module:
-    """Cut ``model`` (a ``labkit.model.GPT``, or a pipeline stage of one) for this tp rank, in place.
+def apply(chunks: list, groups: dict[str, Group], cfg, plan: sp_.ShardPlan) -> sp_.ShardPlan:
+    """Step 2 of ``labkit.parallelize``: cut every chunk for this tp rank; returns the refined plan."""
+    for chunk in chunks:
+        apply_plan(chunk, tp_plan(cfg.sequence_parallel), groups["tp"], plan)
+    return plan
 
-    Raises ValueError when heads, ffn size or padded vocabulary do not divide by the tp size.
-    """
+
+def apply_tensor_parallel(model: nn.Module, group: Group, sequence_parallel: bool = False) -> nn.Module:
+    """Cut ``model`` (a ``labkit.model.GPT``, or a pipeline stage of one) for this tp rank, in place;
+    returns it. Raises ValueError when heads, ffn size or padded vocabulary do not divide by t."""
     cfg, t = model.cfg, group.size
     divide(cfg.num_attention_heads, t, "num_attention_heads")  # each tp rank needs whole heads
     divide(cfg.ffn_hidden_size, t, "ffn_hidden_size")
     divide(cfg.vocab_size, t, "padded vocab_size")
-    shared = cfg.moe_shared_expert_intermediate_size
-    if shared:
-        divide(shared, t, "moe_shared_expert_intermediate_size")
-    return apply_plan(model, tp_plan(sequence_parallel, shared_experts=bool(shared)), group)
+    apply_plan(model, tp_plan(sequence_parallel), group)
+    return model

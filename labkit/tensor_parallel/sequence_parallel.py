@@ -15,8 +15,9 @@ This module holds what is specific to SP:
   summed (all-reduced over tp, replicated), keep this rank's positions. This is Megatron's path for
   learned absolute positions (``LanguageModelEmbedding``: all-reduce, add positions, then
   ``scatter_to_sequence_parallel_region``);
-* :func:`mark_sequence_parallel` - tag the replicated parameters fed sequence shards (layer norms),
-  whose partial gradients are summed over tp after the backward (``labkit.parallelize``);
+* :func:`mark_sequence_parallel` - tag the replicated parameters fed sequence shards (the norms,
+  found by their role, so an RMSNorm as well as a LayerNorm), whose partial gradients are summed
+  over tp after the backward (the shard plan says so; ``labkit.parallelize`` reads it);
 * advanced: :func:`use_regather` - Megatron's memory-saving column-parallel GEMM, which keeps the
   input shard and all-gathers it again in the backward (its own parity test).
 """
@@ -52,9 +53,10 @@ class ScatterToSequence(nn.Module):
 
 
 def mark_sequence_parallel(module: nn.Module) -> None:
-    """Tag the parameters of every LayerNorm in ``module`` ``sequence_parallel``."""
+    """Tag ``sequence_parallel`` the parameters of every module of role "norm" in ``module`` (the
+    Megatron tag only; the engine reads the shard plan, tensor_parallel/plan.py)."""
     for m in module.modules():
-        if isinstance(m, nn.LayerNorm):
+        if getattr(m, "role", None) == "norm":
             for p in m.parameters(recurse=False):
                 tag(p, sequence_parallel=True)
 

@@ -24,7 +24,6 @@ from torch import nn
 
 from .. import comm
 from ..groups import Group
-from ..param_attrs import inherit, tag
 from .tp_comm import reduce_from
 
 
@@ -126,15 +125,14 @@ class VocabParallelEmbedding(nn.Module):
         self.start, self.end = vocab_range(num_embeddings, group.rank, group.size)
         self.weight = nn.Parameter(torch.empty(self.end - self.start, embedding_dim, dtype=dtype,
                                                device=device))
-        tag(self.weight, tensor_model_parallel=True, partition_dim=0)
 
     @classmethod
     def from_dense(cls, embedding: nn.Embedding, group: Group):
+        """This rank's rows of the dense table (the shard plan's contiguous V/t)."""
         w = embedding.weight
         new = cls(w.shape[0], w.shape[1], group, dtype=w.dtype, device=w.device)
         with torch.no_grad():
             new.weight.copy_(w[new.start:new.end])
-        inherit(new.weight, w)
         return new
 
     def forward(self, tokens):                               # [b, s] int64
