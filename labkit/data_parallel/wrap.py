@@ -28,7 +28,7 @@ from .. import shard_plan as sp_
 from ..groups import Group, expert_grad_reduce_group, grad_reduce_group
 from .ddp import BucketedDataParallel, NaiveDataParallel
 from .mixed import MixedPrecisionDataParallel
-from .zero import ZERO_STAGES
+from .zero import RUNTIME_STAGES
 
 
 class DataParallelSet:
@@ -119,7 +119,7 @@ def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.Sh
         if cfg.bf16 or cfg.fp16:             # 16-bit params, fp32 masters (plain DP or ZeRO-1)
             members.append(MixedPrecisionDataParallel(bucket_params, group, cfg, distributed=stage == 1))
         elif stage:
-            members.append(ZERO_STAGES[stage](bucket_params, group, cfg, chunks if stage == 3 else None))
+            members.append(RUNTIME_STAGES[stage](bucket_params, group, cfg, chunks if stage >= 2 else None))
         elif cfg.ddp_bucket_size is not None:
             members.append(BucketedDataParallel(bucket_params, group, cfg, cfg.ddp_bucket_size))
         else:
