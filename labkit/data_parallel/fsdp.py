@@ -111,6 +111,7 @@ class _UnitSharded:
         self.optimizer = make_optimizer([u.shard for u in self.units], cfg)
         self.events: list[tuple[str, int]] = []     # ("gather", i), ("compute", i), ("free", i), ...
         self.samples: list[tuple[str, int, int]] = []   # (event, unit, live parameter bytes)
+        self.grad_samples: list[int] = []   # bytes of full (unsharded) gradients held at each reduce-scatter
         self.memory = None
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
@@ -132,6 +133,7 @@ class _UnitSharded:
     @torch.no_grad()
     def _reduce_scatter(self, u: Unit) -> None:
         grads = [p.grad for p in u.params]
+        self.grad_samples.append(storage_bytes([p.grad for p in self.params]))
         if any(g is not None for g in grads):
             u.grad_shard += comm.reduce_scatter(self.group, u.layout.flatten(grads)) / self.group.size
         for p in u.params:
