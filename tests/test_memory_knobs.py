@@ -204,3 +204,16 @@ def test_zero2_never_holds_a_full_gradient():
     peak, full, units, scatters = labkit.launch(worker, 2)[0]
     # one reduce-scatter per unit (a layer, the embedding, the head), each while the backward runs
     assert len(scatters) == units == 6 and peak < full / 2, (peak, full, scatters)
+
+
+def test_memory_figures_are_legible_on_a_phone():
+    from labkit.figures import MIN_LABEL_PX, smallest_label_px, svg
+    from labkit.figures import memory_knobs as F
+    rows = [dict(config=c, params=p, grads=g, optimizer=o, calc=p + g + o)
+            for c, p, g, o in [("fp32", 4, 4, 8), ("fp32 + dist. opt.", 4, 4, 4), ("bf16", 2, 4, 12)]]
+    units = [("embedding", 8, 4), ("layer 0", 20, 10), ("head", 4, 2)]
+    timeline = {"units": units, "per-layer": [("gather", 0, 16), ("free", 0, 26)],
+                "whole-model": [("compute", 0, 48), ("free", 0, 48)]}
+    for fig in (F.memory_per_precision(rows), F.live_params(timeline),
+                F.recompute_tradeoff({"none": 3, "selective": 2, "full": 1}, {"none": 1, "selective": 1.1, "full": 1.3})):
+        assert smallest_label_px(svg(fig)) >= MIN_LABEL_PX

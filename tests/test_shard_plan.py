@@ -176,3 +176,10 @@ def test_even_shard_is_what_a_dtensor_shard_can_express():
     assert whole.even_shard() is None                                              # replicated
     assert whole.cut_along(1, sp.contiguous(4, 2, 1), "tp").even_shard() == (1, 1)  # row-parallel
     assert whole.cut_along(0, sp.stacked(8, 2, 2, 1), "tp").even_shard() is None   # [gate_r; up_r]
+
+
+def test_llama_family_figures_are_legible_on_a_phone():
+    from labkit.figures import llama_family as F
+    from labkit.figures import MIN_LABEL_PX, smallest_label_px, svg
+    for fig in (F.swiglu_cut(), F.gqa_on_tp(), F.rope_positions_cp()):
+        assert smallest_label_px(svg(fig)) >= MIN_LABEL_PX

@@ -11,7 +11,7 @@ def memory_per_precision(rows: list[dict]):
     """Bytes per parameter each rank held, stacked (params, grads, optimizer), one bar per
     configuration; a black tick marks labkit.calc's total. ``rows``: {"config", "params", "grads",
     "optimizer", "calc"} in bytes per parameter."""
-    fig, ax = new(5.0, 0.45 * len(rows) + 1.2)
+    fig, ax = new(4.0, 0.45 * len(rows) + 1.2)      # the tick labels widen it to about 5 in
     for i, r in enumerate(rows):
         left = 0.0
         for part, colour in PARTS:
@@ -30,20 +30,22 @@ def memory_per_precision(rows: list[dict]):
 def live_params(timeline: dict):
     """Live parameter bytes at each unit boundary of one ZeRO-3 step (forward then backward):
     whole-model vs per-layer, with one shard + the two largest units dashed."""
-    fig, ax = new(5.0, 3.0)
+    fig, ax = new(5.0, 3.4)
     mib = 2.0 ** 20
     for kind, colour in (("whole-model", "#9e9e9e"), ("per-layer", "#1f5fa8")):
         ys = [b / mib for _, _, b in timeline[kind]]
-        ax.step(range(len(ys)), ys, where="post", color=colour, lw=2, label=f"{kind} ZeRO-3")
+        xs = [i / (len(ys) - 1) for i in range(len(ys))]       # the step's boundaries, 0 to 1
+        ax.step(xs, ys, where="post", color=colour, lw=2, label=f"{kind} ZeRO-3")
     units = timeline["units"]
     shard = sum(s for _, _, s in units)
     two = sum(sorted(full for _, full, _ in units)[-2:])
     ax.axhline((shard + two) / mib, ls="--", color="black", lw=1, label="one shard + two units")
     ax.axhline(shard / mib, ls=":", color="black", lw=1, label="one shard")
-    ax.set_xlabel("unit boundary (forward, then backward)")
+    ax.set_xlabel("one step: unit boundaries, forward then backward")
     ax.set_ylabel("live parameters (MiB)")
     ax.set_ylim(0, None)
-    ax.legend(frameon=False, fontsize=SMALL_PT)
+    ax.set_xticks([0, 0.5, 1], ["start", "", "end"])
+    ax.legend(frameon=False, fontsize=SMALL_PT, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     return fig
 
 
