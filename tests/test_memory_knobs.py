@@ -163,6 +163,8 @@ def test_saved_bytes_per_layer_none_selective_full():
     assert got["none"] == sum(items.values())
     assert got["none"] - got["selective"] == items["softmax output"] + items["causal mask (bool)"]
     assert got["full"] == s * b * h * 4
+    from labkit.calc.memory import activation_bytes_per_layer
+    assert got["full"] == 2 * activation_bytes_per_layer(s, b, h, a, recompute="full")   # calc's 2sbh in 16-bit
 
 
 def test_recompute_rules_are_megatrons():
