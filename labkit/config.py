@@ -51,6 +51,20 @@ class TrainConfig(ArchArgs, MoEArgs):
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     params_dtype: str = "float32"  # "float64" for exact parity tests on CPU
+    # mixed precision (labkit.precision): Megatron's --bf16 / --fp16 and its loss-scale arguments
+    bf16: bool = False
+    fp16: bool = False
+    loss_scale: float | None = None          # fp16: a constant scale; None = dynamic
+    initial_loss_scale: float = 2.0 ** 32
+    min_loss_scale: float = 1.0
+    loss_scale_window: float = 1000          # clean iterations before the dynamic scale grows
+    hysteresis: int = 2                      # non-finite iterations in a row before it shrinks
+    accumulate_allreduce_grads_in_fp32: bool = False   # fp16: fp32 main_grad (bf16: always)
+    # activation recomputation (labkit.recompute)
+    recompute_granularity: str | None = None   # "full" or "selective"
+    recompute_method: str | None = None        # full: "uniform" or "block"
+    recompute_num_layers: int | None = None    # full: layers per recompute unit / recomputed per chunk
+    recompute_modules: tuple | None = None     # selective: default ("core_attn",)
     # batch
     micro_batch_size: int = 2
     global_batch_size: int | None = None   # None: micro_batch_size * dp (no accumulation)
@@ -93,8 +107,7 @@ class TrainConfig(ArchArgs, MoEArgs):
                         ep=self.expert_model_parallel_size, etp=self.expert_tensor_parallel_size)
 
     def validate(self, world_size: int) -> Topology:
-        """Every rule for this world size (see :func:`check`); returns the Topology."""
-        return check(self, world_size)
+        return check(self, world_size)      # every rule for this world size; returns the Topology
 
     def global_batch(self, topo: Topology) -> int:
         return self.global_batch_size or self.micro_batch_size * topo.dp
@@ -146,7 +159,9 @@ class TrainConfig(ArchArgs, MoEArgs):
             expert_model_parallel_size=self.expert_model_parallel_size,
             expert_tensor_parallel_size=self.expert_tensor_parallel_size,
             micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
-            use_distributed_optimizer=self.use_distributed_optimizer, zero_stage=self.zero_stage)
+            use_distributed_optimizer=self.use_distributed_optimizer, zero_stage=self.zero_stage,
+            recompute_granularity=self.recompute_granularity, recompute_method=self.recompute_method,
+            recompute_num_layers=self.recompute_num_layers, recompute_modules=self.recompute_modules)
         model = megatron_rules.ModelConfig(
             num_layers=self.num_layers, hidden_size=self.hidden_size,
             num_attention_heads=self.num_attention_heads, seq_length=self.seq_length,
@@ -170,6 +185,7 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
     hyperparams.check_hyperparameters(cfg)       # types of every field, lr, betas, clip (labkit's)
     model, par = cfg.megatron_view(world_size)   # sizes positive, world divisible by tp*pp*cp
     megatron_rules.validate(model, par)          # Megatron's start-up rules, in one place
+    par.check_recompute_args()                   # and its recompute arguments' (the same book)
     cfg.model_config()                           # dropout in [0, 1)
     topo = cfg.topology(world_size)
     tp, pp, cp = topo.tp, topo.pp, topo.cp
@@ -181,6 +197,8 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
                              f"is a PREFIX: Megatron's indexed dataset is PREFIX.bin + PREFIX.idx)")
     if cfg.params_dtype not in ("float32", "float64"):
         raise ValueError(f"params_dtype must be 'float32' or 'float64', got {cfg.params_dtype!r}")
+    _check_precision(cfg)
+    _check_recompute(cfg)
     if cfg.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {cfg.zero_stage!r}")
     _positive("ddp_bucket_size", cfg.ddp_bucket_size, allow_none=True)
@@ -201,6 +219,43 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
     _check_context_parallel(cfg, tp, cp)
     _check_moe_layout(cfg, topo)
     return topo
+
+
+def _check_precision(cfg: TrainConfig) -> None:
+    """bf16 / fp16: Megatron's rule (not both), and what labkit implements (fp32 master weights
+    over plain DP or the distributed optimizer)."""
+    if cfg.bf16 and cfg.fp16:
+        raise ValueError("bf16 and fp16 are exclusive (Megatron's validate_args asserts not both)")
+    sixteen = "bf16" if cfg.bf16 else "fp16" if cfg.fp16 else None
+    if sixteen and cfg.params_dtype != "float32":
+        raise ValueError(f"{sixteen} with params_dtype {cfg.params_dtype!r}: the master weights are fp32; "
+                         f"leave params_dtype at 'float32'")
+    if sixteen and cfg.zero_stage >= 2:
+        raise ValueError(f"{sixteen} with zero_stage {cfg.zero_stage}: labkit keeps fp32 master weights with "
+                         f"plain DP or the distributed optimizer (zero_stage 0 or 1), as Megatron's "
+                         f"Float16Optimizer and DistributedOptimizer do")
+    for name in ("initial_loss_scale", "min_loss_scale", "loss_scale_window"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be > 0, got {getattr(cfg, name)!r}")
+    if cfg.loss_scale is not None and cfg.loss_scale <= 0:
+        raise ValueError(f"loss_scale must be > 0 (None: dynamic), got {cfg.loss_scale!r}")
+    _positive("hysteresis", cfg.hysteresis)
+
+
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")   # what labkit.recompute implements
+
+
+def _check_recompute(cfg: TrainConfig) -> None:
+    """labkit's part (Megatron's own checks ran in the rule book): the modules labkit recomputes,
+    and uniform units that tile a model chunk."""
+    extra = set(cfg.recompute_modules or ()) - set(RECOMPUTE_MODULES)
+    if cfg.recompute_granularity == "selective" and extra:
+        raise ValueError(f"recompute_modules {sorted(extra)}: labkit recomputes {list(RECOMPUTE_MODULES)}")
+    per_chunk = cfg.num_layers // (cfg.pipeline_model_parallel_size * cfg.virtual_pipeline_size())
+    k, uniform = cfg.recompute_num_layers, cfg.recompute_method == "uniform"
+    if cfg.recompute_granularity == "full" and k is not None and (k > per_chunk or (uniform and per_chunk % k)):
+        raise ValueError(f"recompute_num_layers {k} with {per_chunk} layers per model chunk: must be at most "
+                         f"{per_chunk}" + (", and divide it for the uniform method" if uniform else ""))
 
 
 def _check_context_parallel(cfg: TrainConfig, tp: int, cp: int) -> None:

@@ -40,13 +40,16 @@ from torch import nn
 from .modules import (MLP, CoreAttention, Dropout, RotaryEmbedding, SelfAttention,  # noqa: F401 - seams
                       causal_attention, norm, role)
 from .moe import MoELayer
+from .precision import upcast
 from .spec import PRESETS, GPTConfig, preset  # noqa: F401 - the model's configuration (the spec)
 
 __all__ = ["GPT", "GPTConfig", "PRESETS", "preset", "causal_attention", "lm_loss"]
 
 
 def lm_loss(logits, labels):
-    """logits [b, s, V], labels [b, s] -> scalar mean cross-entropy."""
+    """logits [b, s, V], labels [b, s] -> scalar mean cross-entropy (16-bit logits in fp32, as
+    Megatron's cross-entropy)."""
+    logits = upcast(logits)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
@@ -61,7 +64,8 @@ class TransformerLayer(nn.Module):
         self.self_attention = SelfAttention(cfg)
         self.self_attn_dropout = Dropout(cfg.hidden_dropout)
         self.pre_mlp_layernorm = norm(cfg)
-        self.mlp = MoELayer(cfg, layer_number) if cfg.moe_layers()[layer_number] else MLP(cfg, cfg.ffn_hidden_size)
+        self.mlp = (role(MoELayer(cfg, layer_number), "moe") if cfg.moe_layers()[layer_number]
+                    else role(MLP(cfg, cfg.ffn_hidden_size), "mlp"))
         self.mlp_dropout = Dropout(cfg.hidden_dropout)
 
     def forward(self, x, position_ids=None):
@@ -135,6 +139,7 @@ class GPT(nn.Module):
         self.decoder = Decoder(cfg)
         self.output_layer = role(OutputLayer(cfg), "output")
         self.loss_fn = role(LMLoss(), "loss")
+        self.layer_runner = None    # seam: runs the decoder layers (labkit.recompute swaps it)
         self.reset_parameters(seed)
         gen = torch.Generator().manual_seed(seed)           # one dropout stream for the dense model
         for m in self.modules():
@@ -167,6 +172,7 @@ class GPT(nn.Module):
         new.decoder.final_layernorm = self.decoder.final_layernorm if post_process else None
         new.output_layer = self.output_layer if post_process else None
         new.loss_fn = self.loss_fn if post_process else None
+        new.layer_runner = None
         return new
 
     def output_weight(self) -> torch.Tensor:
@@ -181,8 +187,11 @@ class GPT(nn.Module):
         [b, s, V] or, given ``labels``, the loss."""
         if self.embedding is not None:
             x = self.embedding(x, position_ids)             # [b, s] -> [b, s, h]
-        for layer in self.decoder.layers.values():
-            x = layer(x, position_ids)                      # [b, s, h]
+        if self.layer_runner is None:
+            for layer in self.decoder.layers.values():
+                x = layer(x, position_ids)                  # [b, s, h]
+        else:                                               # e.g. full recomputation
+            x = self.layer_runner(list(self.decoder.layers.values()), x, position_ids)
         if self.output_layer is None:                       # not the last pipeline stage
             return x
         x = self.decoder.final_layernorm(x)

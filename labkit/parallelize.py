@@ -34,6 +34,7 @@ import torch.distributed as dist
 from . import shard_plan as sp_
 from .groups import Group, add_kv_groups, grad_reduce_group
 from .param_attrs import tag
+from .precision import make_scaler
 
 
 class SingleStageRunner:
@@ -44,13 +45,13 @@ class SingleStageRunner:
     def __init__(self, chunks: list):
         self.chunks = chunks
 
-    def forward_backward(self, microbatches, dp) -> float:
+    def forward_backward(self, microbatches, dp, loss_scale: float = 1.0) -> float:
         model, n = self.chunks[0], len(microbatches)
         total = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
         for j, mb in enumerate(microbatches):
             with dp.grad_sync_context(is_last_microbatch=(j == n - 1)):
                 loss = model(*mb) / n                       # mean over the global batch
-                loss.backward()
+                (loss * loss_scale if loss_scale != 1.0 else loss).backward()   # fp16: scaled
             total += loss.detach().double()
         return float(total)                                 # one host sync per iteration
 
@@ -64,12 +65,29 @@ class Engine:
         self.plan = plan
         self.batch_transform = batch_transform or (lambda mb: mb)
         self.last_grads = None   # {name: full gradient} of the last step, when capture_grads
+        self.scaler = make_scaler(cfg)             # fp16's loss scale (labkit.precision), else None
+        self.skipped_iterations = 0                # Megatron's "number of skipped iterations"
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler is not None else 1.0
 
     def step(self, microbatches, capture_grads: bool = False) -> tuple[float, float]:
         """One iteration on this rank's microbatches [(tokens, labels)]. Returns (loss of the whole
         global batch, global gradient norm), equal on every rank."""
-        loss_sum = self.runner.forward_backward([self.batch_transform(mb) for mb in microbatches], self.dp)
+        scale = self.loss_scale
+        mbs = [self.batch_transform(mb) for mb in microbatches]
+        loss_sum = (self.runner.forward_backward(mbs, self.dp, loss_scale=scale) if scale != 1.0
+                    else self.runner.forward_backward(mbs, self.dp))
         self.finalize_grads()
+        if self.scaler is not None:                # Megatron's optimizer.step: unscale, check, skip
+            found_inf = self.dp.unscale_and_check(1.0 / scale)
+            found_inf = _bookkeeping_sum(self.groups["world"], float(found_inf)) > 0
+            self.scaler.update(found_inf)
+            if found_inf:
+                self.dp.skip()
+                self.skipped_iterations += 1
+                return self.global_loss(loss_sum), float("nan")
         if capture_grads:
             self.last_grads = self.dp.full_grads()
         grad_norm = self.grad_norm()
@@ -169,6 +187,9 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
     for chunk in chunks:                                      # Megatron's tags, from the plan
         for name, p in chunk.named_parameters():
             tag(p, **plan[name].tags())
+    if cfg.recompute_granularity is not None:                 # recompute the cut modules
+        from .recompute import apply as apply_recompute
+        apply_recompute(chunks, cfg)
     # 5. Data parallelism / ZeRO over everything this rank holds (chapter "Data parallelism").
     dp = wrap_data_parallel(chunks, groups, cfg, plan)
     if topo.pp > 1:

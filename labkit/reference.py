@@ -37,6 +37,13 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     """
     cfg = train_config(**config)
     topo = cfg.validate(world_size)
+    if cfg.bf16 or cfg.fp16:                # one thread, as labkit's ranks: a CPU kernel's reduction
+        threads = torch.get_num_threads()   # order (so a 16-bit gradient's rounding) follows it
+        torch.set_num_threads(1)
+        try:
+            return _train_16bit(cfg, topo, steps, seed, capture_grads, return_model)
+        finally:
+            torch.set_num_threads(threads)
     model = GPT(cfg.model_config(), seed=seed).to(getattr(torch, cfg.params_dtype))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                             eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
@@ -72,6 +79,66 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
         return losses
     out = {"losses": losses, "grad_norms": norms, "grads": grads,
            "moe": moe if cfg.num_experts is not None else None}
+    if return_model:
+        out["model"] = model
+    return out
+
+
+def _train_16bit(cfg, topo, steps: int, seed: int, capture_grads: bool, return_model: bool):
+    """Mixed precision on one device, written plainly (Megatron on one GPU with gradient
+    accumulation): the model in bf16/fp16, each microbatch's loss (x a constant loss scale under
+    fp16) backpropagated in 16-bit, its gradients added into a per-parameter main gradient (fp32,
+    or fp16 under fp16 without ``accumulate_allreduce_grads_in_fp32``), unscaled, clipped, one AdamW
+    step on fp32 master copies, cast back into the 16-bit model. ``grad_abs_sums`` (after step 1):
+    per parameter, the sum over microbatches of |microbatch gradient| (float64), from which a test
+    bounds the accumulation error (Higham's summation bound)."""
+    sixteen = torch.bfloat16 if cfg.bf16 else torch.float16
+    acc = torch.float32 if cfg.bf16 or cfg.accumulate_allreduce_grads_in_fp32 else torch.float16
+    scale = (cfg.loss_scale or cfg.initial_loss_scale) if cfg.fp16 else 1.0
+    model = GPT(cfg.model_config(), seed=seed).to(sixteen)
+    params = list(model.parameters())
+    masters = [p.detach().float().clone().requires_grad_() for p in params]
+    opt = torch.optim.AdamW(masters, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+    tokens = data.load_tokens() if cfg.data_path is None else None
+    gbs = cfg.global_batch(topo)
+    m = gbs // cfg.micro_batch_size
+    losses, norms, grads, abs_sums = [], [], None, None
+    for it in range(steps):
+        inputs, labels = data.get_batch(tokens, it, gbs, cfg.seq_length, seed)
+        main = [torch.zeros_like(p, dtype=acc) for p in params]
+        absum = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+        loss = 0.0
+        for x, y in zip(inputs.chunk(m), labels.chunk(m)):
+            mb_loss = model.loss(x, y) / m
+            (mb_loss * scale).backward()
+            for g, a, p in zip(main, absum, params):
+                g.add_(p.grad)
+                a.add_(p.grad.double().abs())
+                p.grad = None
+            loss = loss + mb_loss.detach().double()
+        main = [g.float() / scale for g in main]
+        if not all(bool(torch.isfinite(g).all()) for g in main):
+            raise ValueError(f"loss scale {scale} overflows the fp16 gradients at iteration {it + 1}: "
+                             f"the reference keeps a constant scale; choose a smaller loss_scale")
+        if capture_grads and it == 0:
+            names = [n for n, _ in model.named_parameters()]
+            grads = dict(zip(names, [g.clone() for g in main]))
+            abs_sums = dict(zip(names, [a / scale for a in absum]))
+        norm = float(torch.linalg.vector_norm(torch.stack([g.double().norm() for g in main])))
+        norms.append(norm)
+        if cfg.clip_grad > 0 and norm > cfg.clip_grad:
+            main = [g * (cfg.clip_grad / (norm + 1e-6)) for g in main]
+        for w, g in zip(masters, main):
+            w.grad = g
+        opt.step()
+        with torch.no_grad():
+            for p, w in zip(params, masters):
+                p.copy_(w)
+        losses.append(float(loss))
+    if not (capture_grads or return_model):
+        return losses
+    out = {"losses": losses, "grad_norms": norms, "grads": grads, "grad_abs_sums": abs_sums, "moe": None}
     if return_model:
         out["model"] = model
     return out

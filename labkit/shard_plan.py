@@ -77,6 +77,16 @@ class ParamShard:
             out.append(replace(b, replicas=parent.replicas + b.replicas, sums=parent.sums + b.sums))
         return replace(self, blocks=tuple(out), cut=cut or self.cut)
 
+    def even_shard(self) -> tuple[int, int] | None:
+        """(dim, rank index) when this rank holds one contiguous, equal slice of ``dim`` (what
+        DTensor calls ``Shard(dim)``), else None (replicated, or fused blocks such as SwiGLU's
+        [gate_r; up_r]: a DTensor layout needs the weight split into its parts first)."""
+        if self.cut is None or len(self.blocks) != 1:
+            return None
+        b = self.blocks[0]
+        n = self.shape[self.dim]
+        return (self.dim, b.start // b.size) if n % b.size == 0 and b.start % b.size == 0 else None
+
     def with_(self, **changes) -> "ParamShard":
         """A copy with some fields changed (``dp``, ``dp_index``, ``grad_scale``, ``expert``)."""
         return replace(self, **changes)

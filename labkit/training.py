@@ -29,19 +29,22 @@ class TrainResult:
     ranks: list[dict] = field(default_factory=list)  # per-rank extras (comm stats, ...), rank order
     grads: dict | None = None           # {dense name: gradient after step 1}, if capture_grads
     moe: list[dict] | None = None       # MoE: per iteration, load_balancing_loss, tokens per expert...
+    loss_scales: list[float] = field(default_factory=list)   # the loss scale after each iteration
+    skipped: list[bool] = field(default_factory=list)        # iterations skipped (a non-finite grad)
 
 
 def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, gbs: int,
-                     loss: float, grad_norm: float, moe: dict | None = None) -> str:
+                     loss: float, grad_norm: float, moe: dict | None = None, loss_scale: float = 1.0,
+                     skipped: int = 0) -> str:
     """One line in Megatron-LM's training-log format (``training_log`` in
     ``megatron/training/training.py``; data/megatron_log_h200_dp2.txt is a real one). With MoE,
     the auxiliary losses follow ``lm loss`` as Megatron prints them (``load_balancing_loss``)."""
     aux = "".join(f" {k}: {moe[k]:.6E} |" for k in ("load_balancing_loss", "z_loss") if k in (moe or {}))
     return (f" iteration {it:8d}/{steps:8d} | consumed samples: {consumed:12d} | "
             f"elapsed time per iteration (ms): {ms:.1f} | learning rate: {lr:.6E} | "
-            f"global batch size: {gbs:5d} | lm loss: {loss:.6E} |{aux} loss scale: 1.0 | "
-            f"grad norm: {grad_norm:.3f} | number of skipped iterations:   0 | "
-            f"number of nan iterations:   0 |")
+            f"global batch size: {gbs:5d} | lm loss: {loss:.6E} |{aux} loss scale: {loss_scale:.1f} | "
+            + ("" if skipped else f"grad norm: {grad_norm:.3f} | ")
+            + f"number of skipped iterations: {skipped:3d} | number of nan iterations:   0 |")
 
 
 def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "auto",
@@ -68,7 +71,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
         grads = assemble([o["grads"] for o in outs])
     r0 = outs[0]
     return TrainResult(r0["losses"], r0["grad_norms"], r0["iteration_ms"], cfg, world_size,
-                       [o["extra"] for o in outs], grads, r0.get("moe"))
+                       [o["extra"] for o in outs], grads, r0.get("moe"), r0["loss_scales"], r0["skipped"])
 
 
 def build_rank(cfg: TrainConfig, seed: int = 0):
@@ -81,10 +84,11 @@ def build_rank(cfg: TrainConfig, seed: int = 0):
     from .launcher import device
     from .model import GPT
     from .parallelize import parallelize
+    from .precision import params_dtype
 
     topo = cfg.validate(dist.get_world_size())
     groups = build_groups(topo)
-    model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=getattr(torch, cfg.params_dtype))
+    model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=params_dtype(cfg))
     engine = parallelize(model, topo, groups, cfg, seed)
     for g in groups.values():
         g.stats.reset()
@@ -139,12 +143,15 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
         moe_stats.attach(chunk)
     rank, gbs = dist.get_rank(), cfg.global_batch(topo)
     tokens = data.load_tokens() if cfg.data_path is None else None   # else: cfg.data_path
-    losses, norms, times, grads, moe = [], [], [], [], []
+    losses, norms, times, grads, moe, scales, skipped = [], [], [], [], [], [], []
     for it in range(steps):
         t0 = now()                                          # synchronizes a CUDA device first
         mbs = rank_microbatches(cfg, topo, it, seed, tokens, num_samples=steps * gbs)
+        before = engine.skipped_iterations
         loss, grad_norm = engine.step(mbs, capture_grads=capture_grads and it == 0)
         times.append((now() - t0) * 1e3)
+        scales.append(engine.loss_scale)
+        skipped.append(engine.skipped_iterations > before)
         losses.append(loss)
         norms.append(grad_norm)
         moe.append(step_metrics(engine.runner.chunks, groups, cfg, topo))   # None without MoE
@@ -152,10 +159,11 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
             grads = dense_shards(engine, "grads")
         if rank == 0 and log_interval and ((it + 1) % log_interval == 0 or it + 1 == steps):
             send_to_parent(format_iteration(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs,
-                                            loss, grad_norm, moe[-1]))
+                                            loss, grad_norm, moe[-1], scales[-1], int(skipped[-1])))
     extra = {"coords": topo.coords(rank),
              "comm": {axis: g.stats.snapshot() for axis, g in groups.items()},
              # bytes of params/grads/optimizer held at the last step's gradient sync (data_parallel/)
              "memory": engine.dp.memory}
     return {"losses": losses, "grad_norms": norms, "iteration_ms": times, "extra": extra,
-            "grads": grads, "moe": moe if cfg.num_experts is not None else None}
+            "grads": grads, "moe": moe if cfg.num_experts is not None else None,
+            "loss_scales": scales, "skipped": skipped}

@@ -23,7 +23,7 @@ LAYERS = {
     # L1 runtime: processes, groups, collectives, the dense model, data
     "labkit.launcher": 1, "labkit.launch_rank": 1, "labkit.launch_collect": 1, "labkit.groups": 1, "labkit.comm": 1,
     "labkit.data": 1, "labkit.indexed_dataset": 1, "labkit.model": 1, "labkit.moe": 1,
-    "labkit.modules": 1, "labkit.moe_stats": 1,
+    "labkit.modules": 1, "labkit.moe_stats": 1, "labkit.precision": 1, "labkit.recompute": 1,
     # L2 one folder per parallelism
     "labkit.tensor_parallel": 2, "labkit.context_parallel": 2, "labkit.expert_parallel": 2,
     "labkit.pipeline_parallel": 2, "labkit.data_parallel": 2,

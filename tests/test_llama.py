@@ -73,49 +73,26 @@ def test_a_new_family_from_existing_roles_needs_no_strategy_change():
         assert_close(res.grads[pname], g, **GRAD, msg=lambda m: f"{pname}: {m}")
 
 
+@pytest.mark.parametrize("kind", ["a2a", "all_gather"])
+def test_gqa_kv_under_the_other_cp_variants(kind):
+    """Ulysses moves q (a heads) and K/V (g heads) in separate all-to-alls; the all-gather variant
+    gathers K/V with their g heads: both equal one device (the ring is in LAYOUTS)."""
+    from labkit.measure.llama_family import parity
+    r = parity(2, steps=2, context_parallel_size=2, cp_comm_type=kind)
+    assert r["max_loss_diff"] < 1e-11 and r["max_grad_diff"] < 1e-12, r
+
+
 # -- the two traps, and negative controls ----------------------------------------------------------
-def _trap_worker(mode: str) -> float:
-    """Cut the dense tiny Llama over the tp ranks with SP (as labkit.parallelize does), finish the
-    gradients from the shard plan, and return the largest difference to the dense model's gradients
-    (each rank's slice). ``mode``: "plan" (labkit's), "norm not a role" (the v2 trap: SP tags found
-    norms by class, so an RMSNorm's gradient is never summed), "fc1 contiguous" (the fused [gate; up]
-    cut into contiguous halves)."""
-    import copy
-
-    from labkit import comm, shard_plan
-    from labkit.groups import world_group
-    from labkit.model import GPT, preset
-    from labkit.tensor_parallel import plan as tp
-
-    group = world_group()
-    dense = GPT(preset("llama3-tiny", vocab_size=512), seed=3).double()
-    styles = tp.tp_plan(sequence_parallel=True)
-    if mode == "norm not a role":
-        del styles["norm"]
-    if mode == "fc1 contiguous":
-        shard_plan.stacked = lambda n, stack, parts, index: shard_plan.contiguous(n, parts, index)
-    cut, plan = copy.deepcopy(dense), None
-    plan = shard_plan.initial(cut)
-    tp.apply_plan(cut, styles, group, plan)
-    gen = torch.Generator().manual_seed(1)
-    tokens, labels = (torch.randint(0, 256, (2, 16), generator=gen) for _ in range(2))
-    dense.loss(tokens, labels).backward()
-    cut.loss(tokens, labels).backward()
-    for name, p in cut.named_parameters():            # what the Engine does after the backward
-        for lo, hi in plan[name].sum_ranges("tp"):
-            flat = p.grad.view(-1)
-            flat[lo:hi].copy_(comm.all_reduce(group, flat[lo:hi]))
-    grads = dict(dense.named_parameters())
-    return max(float((p.grad - shard_plan.cut(grads[plan[n].name].grad, plan[n])).abs().max())
-               for n, p in cut.named_parameters())
-
-
 def test_rmsnorm_grads_are_summed_under_sp_and_fc1_is_cut_gate_r_up_r():
-    diffs = {mode: labkit.launch(_trap_worker, 2, mode) for mode in ("plan", "norm not a role", "fc1 contiguous")}
-    assert max(diffs["plan"]) < 1e-12, diffs
-    # negative controls: each trap moves some gradient far beyond the tolerance
-    assert max(diffs["norm not a role"]) > 1e-6, diffs
-    assert max(diffs["fc1 contiguous"]) > 1e-6, diffs
+    """The tiny Llama cut over 2 tp ranks with SP, gradients finished from the shard plan, equals the
+    dense model (labkit.measure.llama_family.trap_worker). Negative controls: with the RMSNorms not
+    a "norm" to the TP plan (v2 found norms by class: their gradients go unsummed), or with fc1 =
+    [gate; up] cut contiguously, some gradient moves far beyond the tolerance."""
+    from labkit.measure.llama_family import traps
+    diffs = traps(tp=2)
+    assert diffs["plan"] < 1e-12, diffs
+    assert diffs["norm not a role"] > 1e-6, diffs
+    assert diffs["fc1 contiguous"] > 1e-6, diffs
 
 
 # -- Megatron's own arguments, pinned --------------------------------------------------------------

@@ -169,3 +169,17 @@ def test_moe_statistics_are_kept_only_when_attached():
     moe_stats.attach(model)
     model(tokens, tokens)
     assert moe_stats.stats_table(model, 2, 4)[:, :4].sum() == 2 * 2 * 16 * 2   # layers x tokens x top-2
+
+
+def test_even_shard_is_what_a_dtensor_shard_can_express():
+    whole = sp.ParamShard("w", (8, 4))
+    assert whole.even_shard() is None                                              # replicated
+    assert whole.cut_along(1, sp.contiguous(4, 2, 1), "tp").even_shard() == (1, 1)  # row-parallel
+    assert whole.cut_along(0, sp.stacked(8, 2, 2, 1), "tp").even_shard() is None   # [gate_r; up_r]
+
+
+def test_llama_family_figures_are_legible_on_a_phone():
+    from labkit.figures import llama_family as F
+    from labkit.figures import MIN_LABEL_PX, smallest_label_px, svg
+    for fig in (F.swiglu_cut(), F.gqa_on_tp(), F.rope_positions_cp()):
+        assert smallest_label_px(svg(fig)) >= MIN_LABEL_PX

@@ -124,6 +124,9 @@ class ParallelConfig:
     use_distributed_optimizer: bool = False
     zero_stage: int = 0
     recompute_granularity: str | None = None   # None, "selective" or "full"
+    recompute_method: str | None = None        # full: "uniform" or "block"
+    recompute_num_layers: int | None = None    # full: layers per unit (uniform) or per stage (block)
+    recompute_modules: tuple | None = None     # selective: Megatron's default ("core_attn",)
     overlap_p2p_comm: bool = True              # Megatron's default; off, interleaving needs PP > 2
     # uneven pipeline splits (Megatron-LM arguments.py / TransformerConfig; pipeline.pipeline_layer_ranges)
     decoder_first_pipeline_num_layers: int | None = None
@@ -151,6 +154,32 @@ class ParallelConfig:
         if self.world_size % (tp * pp * cp):
             raise ValueError(f"rule: world_size divisible by TP*PP*CP; {self.world_size} is not "
                              f"divisible by {tp}*{pp}*{cp} = {tp * pp * cp}")
+
+    def check_recompute_args(self) -> None:
+        """Megatron's checks of the recompute arguments (TransformerConfig.__post_init__ and
+        validate_args, d98e8a64), with Megatron's messages. Called for a run (``labkit.config``);
+        the calculators read "full" alone as "every layer", the estimate's shorthand."""
+        g, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        if method not in (None, "uniform", "block"):
+            raise ValueError(f'recompute_method: {method} must be "block" or "uniform".')
+        _pos_int("recompute_num_layers", n, allow_none=True)
+        if g == "full":
+            if method is None:
+                raise ValueError('Using recompute_granularity: full so recompute_method must be "block" or "uniform"')
+            if n is None:
+                raise ValueError("When using recompute_granularity: full recompute_num_layers must be between "
+                                 "1 and num_layers_per_pipeline_rank")
+        if g == "selective":
+            if method is not None:
+                raise ValueError("recompute method is not yet supported for selective recomputing granularity")
+            if n is not None:
+                raise ValueError("When using recompute_granularity: selective recompute_num_layers must be None.")
+        modules = set(self.recompute_modules or ("core_attn",))
+        allowed = {"core_attn", "mlp", "layernorm", "moe_act", "mla_up_proj", "moe", "shared_experts",
+                   "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc"}           # Megatron's choices
+        if modules - allowed:
+            raise ValueError(f"Invalid choices for recompute_modules: {modules - allowed}. "
+                             f"Allowed modules are: {allowed}")
 
     # paper names (Narayanan et al. 2021): t, p, d; plus c (CP) and e (EP)
     @property

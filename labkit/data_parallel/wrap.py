@@ -27,7 +27,8 @@ import torch
 from .. import shard_plan as sp_
 from ..groups import Group, expert_grad_reduce_group, grad_reduce_group
 from .ddp import BucketedDataParallel, NaiveDataParallel
-from .zero import ZERO_STAGES
+from .mixed import MixedPrecisionDataParallel
+from .zero import RUNTIME_STAGES
 
 
 class DataParallelSet:
@@ -63,6 +64,14 @@ class DataParallelSet:
     def step(self) -> None:
         for m in self.members:
             m.step()
+
+    def unscale_and_check(self, inv_scale: float) -> bool:
+        """Loss scaling (mixed precision): unscale every member; True if a gradient is not finite."""
+        return any([m.unscale_and_check(inv_scale) for m in self.members])
+
+    def skip(self) -> None:
+        for m in self.members:
+            m.skip()
 
     @property
     def memory(self) -> dict | None:
@@ -107,8 +116,10 @@ def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.Sh
     stage = cfg.effective_zero_stage
     members = []
     for bucket_params, group in filter(lambda b: b[0], buckets):
-        if stage:
-            members.append(ZERO_STAGES[stage](bucket_params, group, cfg, chunks if stage == 3 else None))
+        if cfg.bf16 or cfg.fp16:             # 16-bit params, fp32 masters (plain DP or ZeRO-1)
+            members.append(MixedPrecisionDataParallel(bucket_params, group, cfg, distributed=stage == 1))
+        elif stage:
+            members.append(RUNTIME_STAGES[stage](bucket_params, group, cfg, chunks if stage >= 2 else None))
         elif cfg.ddp_bucket_size is not None:
             members.append(BucketedDataParallel(bucket_params, group, cfg, cfg.ddp_bucket_size))
         else:

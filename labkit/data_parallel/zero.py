@@ -21,9 +21,10 @@ Stage 1/2 move exactly the bytes of plain DP's all-reduce (reduce-scatter + all-
 stage 3 moves 1.5x. The DP interface is documented in ddp.py. With tensor parallelism each tp rank
 shards its own slice of every weight (the layouts of the tp ranks are identical, so the SP sums over
 tp work shard by shard); with pipelines, stage 1 only (labkit.config says why).
-Teaching simplifications, said in the chapter: stage 2 reduce-scatters once per microbatch after
-its backward (DeepSpeed does it bucket by bucket during the backward), and stage 3 gathers the
-whole model as one unit (FSDP wraps each layer, so only one layer is whole at a time).
+Teaching simplifications, said in the chapter: stage 2 here reduce-scatters once per microbatch after
+its backward, and stage 3 gathers the whole model as one unit. labkit.train runs the real thing
+(``fsdp.py``: ZeRO-2 bucket by bucket during the backward, ZeRO-3 a unit per layer, prefetched);
+these whole-model classes stay for the data-parallelism chapter and lab, which teach with them.
 """
 from __future__ import annotations
 
@@ -199,8 +200,9 @@ class ZeRO2(_ShardedDataParallel):
         self.grad_shard.zero_()
 
 
-class ZeRO3(ZeRO2):
-    """Stage 3 / FSDP: + parameters sharded. The whole-model buffer is all-gathered just before the
+class ZeRO3WholeModel(ZeRO2):
+    """Stage 3 / FSDP, whole model at once (the lab's teaching version; labkit.train runs
+    fsdp.ZeRO3PerLayer): + parameters sharded. The whole-model buffer is all-gathered just before the
     forward, freed after it, all-gathered again when the backward reaches the model's output, and
     freed after the backward; each rank keeps only its [S] shard of weights, gradients, moments."""
 
@@ -245,4 +247,11 @@ class ZeRO3(ZeRO2):
         self.grad_shard.zero_()
 
 
-ZERO_STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3}
+# the whole-model stages the data-parallelism chapter and lab teach with (labkit/check/zero.py)
+ZERO_STAGES = {1: ZeRO1, 2: ZeRO2, 3: ZeRO3WholeModel}
+
+# what labkit.train runs: ZeRO-2 bucket by bucket during the backward, ZeRO-3 a unit per layer
+from .fsdp import ZeRO2Bucketed, ZeRO3PerLayer  # noqa: E402 - after the classes fsdp.py does not need
+
+ZeRO3 = ZeRO3PerLayer
+RUNTIME_STAGES = {1: ZeRO1, 2: ZeRO2Bucketed, 3: ZeRO3PerLayer}

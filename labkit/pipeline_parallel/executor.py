@@ -51,7 +51,7 @@ def _meta(msg: Message) -> tuple[int, int, int]:
 
 def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
                  t0: float | None = None, activation_shape=None, clock=None, placement: str = "loop",
-                 meters=()) -> ScheduleRun:
+                 meters=(), loss_scale: float = 1.0) -> ScheduleRun:
     """Run this rank's ``actions`` with its p2p ``steps`` (``p2p_plan.plan(schedule)[rank]``) on
     its ``chunks`` ([chunk 0, chunk 1, ...], each a ``labkit.model.GPT`` part), their stages
     placed by ``placement``. ``activation_shape(tokens) -> shape`` of the hidden states between
@@ -59,6 +59,7 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
     ``labkit.launcher.now`` synchronizes a CUDA device first, so that GPU timelines show work done,
     not work queued. ``meters``: objects with ``forward(chunk, c, mb)`` (a context manager around
     the forward) and ``release(c, mb)`` (its activations freed), e.g. a SavedTensorMeter.
+    ``loss_scale``: the last stage's backward starts from it instead of 1 (fp16 loss scaling).
 
     ``microbatches``: [(tokens, labels[, position_ids])] of this data-parallel rank (only the first
     stage reads tokens, only the last labels). ``dp``: its ``grad_sync_context`` wraps each
@@ -111,7 +112,8 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
             saved[(mb, c)] = (x, out)
         else:
             x, out = saved[(mb, c)]
-            grad = None if s == num_stages - 1 else inbox.get(Message("B", s, mb))
+            grad = inbox.get(Message("B", s, mb)) if s < num_stages - 1 else (
+                None if loss_scale == 1.0 else torch.full_like(out, loss_scale))
             start = tick()
             sync = dp.grad_sync_context(i == last_bwd) if dp is not None else contextlib.nullcontext()
             with sync:
@@ -179,8 +181,9 @@ class PipelineRunner:
             self._plans[key] = (sched[self.pp.rank], plan(sched, self.placement)[self.pp.rank])
         return self._plans[key]
 
-    def forward_backward(self, microbatches, dp, t0: float | None = None) -> float:
+    def forward_backward(self, microbatches, dp, t0: float | None = None, loss_scale: float = 1.0) -> float:
         actions, steps = self.plan(len(microbatches))
         self.last_run = run_schedule(actions, steps, self.chunks, self.pp, microbatches, dp, t0,
-                                     self.activation_shape, self.clock, self.placement, self.meters)
+                                     self.activation_shape, self.clock, self.placement, self.meters,
+                                     loss_scale)
         return self.last_run.loss_sum

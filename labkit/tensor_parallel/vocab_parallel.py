@@ -24,6 +24,7 @@ from torch import nn
 
 from .. import comm
 from ..groups import Group
+from ..precision import upcast
 from .tp_comm import reduce_from
 
 
@@ -112,7 +113,7 @@ class VocabParallelCrossEntropyLoss(nn.Module):
         self.group = group
 
     def forward(self, logits, labels):                       # [b, s, V/t], [b, s] -> scalar
-        return vocab_parallel_cross_entropy(self.group, logits, labels).mean()
+        return vocab_parallel_cross_entropy(self.group, upcast(logits), labels).mean()   # fp32, as Megatron
 
 
 class VocabParallelEmbedding(nn.Module):
