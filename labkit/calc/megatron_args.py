@@ -260,7 +260,8 @@ def _rule_book(a):
 
 
 # The Llama family's arguments, as labkit.megatron_bridge.to_flags writes them for labkit's presets,
-# run once through Megatron's own parse_args + validate_args at COMMIT (CPU, no Megatron in CI:
+# run through Megatron's own parse_args + validate_args at COMMIT (CPU, no Megatron in CI; re-run
+# 2026-11-25 when to_flags began writing --lr-decay-style constant:
 # tests/fixtures/megatron_validate_args.py says how) and accepted: {world size: flags}.
 # tests/test_llama.py checks that to_flags still writes exactly these and that every one is in
 # Megatron's flag table; the names are Megatron's: --normalization, --swiglu,
@@ -273,14 +274,14 @@ CHECKED = {
                               "--num-attention-heads 8 --seq-length 16 --ffn-hidden-size 64 --global-batch-size 8 "
                               "--tensor-model-parallel-size 2 --sequence-parallel --micro-batch-size 2 --lr 0.001 "
                               "--clip-grad 0.0 --hidden-dropout 0.0 --attention-dropout 0.0 "
-                              "--max-position-embeddings 16 --train-iters 10"),
+                              "--max-position-embeddings 16 --lr-decay-style constant --train-iters 10"),
     "llama3-tiny tp4 sp": (8, "--normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 500000 "
                               "--group-query-attention --num-query-groups 2 --disable-bias-linear "
                               "--untie-embeddings-and-output-weights --num-layers 4 --hidden-size 32 "
                               "--num-attention-heads 8 --seq-length 16 --ffn-hidden-size 64 --global-batch-size 8 "
                               "--tensor-model-parallel-size 4 --sequence-parallel --micro-batch-size 2 --lr 0.001 "
                               "--clip-grad 0.0 --hidden-dropout 0.0 --attention-dropout 0.0 "
-                              "--max-position-embeddings 16 --train-iters 10"),
+                              "--max-position-embeddings 16 --lr-decay-style constant --train-iters 10"),
     "mixtral-tiny tp2 sp pp2 ep2": (8, "--num-experts 4 --moe-ffn-hidden-size 64 --normalization RMSNorm --swiglu "
                                        "--position-embedding-type rope --rotary-base 1000000 --group-query-attention "
                                        "--num-query-groups 2 --disable-bias-linear --untie-embeddings-and-output-weights "
@@ -288,7 +289,8 @@ CHECKED = {
                                        "--global-batch-size 8 --tensor-model-parallel-size 2 --sequence-parallel "
                                        "--pipeline-model-parallel-size 2 --expert-model-parallel-size 2 --num-layers 2 "
                                        "--micro-batch-size 2 --lr 0.001 --clip-grad 0.0 --hidden-dropout 0.0 "
-                                       "--attention-dropout 0.0 --max-position-embeddings 16 --train-iters 10"),
+                                       "--attention-dropout 0.0 --max-position-embeddings 16 --lr-decay-style constant "
+                                       "--train-iters 10"),
 }
 CHECKED_LAYOUTS = {   # the TrainConfig overrides of each (with micro batch 2, global batch 8)
     "llama3-tiny tp2 sp": ("llama3-tiny", dict(tensor_model_parallel_size=2, sequence_parallel=True)),
