@@ -82,18 +82,21 @@ def fig_in_flight(p: int = 4, m: int = 8):
     return fig
 
 
-def fig_bubble_vs_m(ps=(2, 4, 8), ms=(1, 2, 4, 8, 16, 32), v: int = 1):
-    """Simulated 1F1B (or interleaved) bubble as points on the curves (p-1)/(v m) of labkit.calc."""
+def fig_bubble_vs_m(ps=(2, 4, 8), ms=(1, 2, 4, 8, 16, 32), vs=(1,)):
+    """Simulated bubble of 1F1B (v = 1) or the interleaved schedule (v > 1) as circles on the
+    curves (p-1)/(v m) of labkit.calc, one curve per (p, v)."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     from ..calc import bubble_fraction
     fig, ax = new(5.0, 2.8)
-    for p, color in zip(ps, RANK_COLORS):
+    curves = [(p, v) for p in ps for v in vs]
+    for (p, v), color in zip(curves, RANK_COLORS):
+        ok = [m for m in ms if v == 1 or m % p == 0]          # interleaved: m a multiple of p
         sims = [simulate(S.one_f_one_b(p, m) if v == 1 else S.interleaved(p, v, m)).bubble_fraction
-                for m in ms]
-        ax.plot(ms, [bubble_fraction(p, m, v) for m in ms], color=color, lw=1.2,
-                label=f"p = {p}: (p-1)/m")
-        ax.plot(ms, sims, "o", color=color, ms=5, mfc="none")
+                for m in ok]
+        label = f"p = {p}" + (f", v = {v}" if len(vs) > 1 else "")
+        ax.plot(ok, [bubble_fraction(p, m, v) for m in ok], color=color, lw=1.2, label=label)
+        ax.plot(ok, sims, "o", color=color, ms=5, mfc="none")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xticks(ms, [str(m) for m in ms])
@@ -102,7 +105,7 @@ def fig_bubble_vs_m(ps=(2, 4, 8), ms=(1, 2, 4, 8, 16, 32), v: int = 1):
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble / busy time")
-    ax.legend(frameon=False, title="circles: simulated", loc="upper right")
+    ax.legend(frameon=False, title="lines (p-1)/(v m), circles simulated", loc="lower left")
     fig.tight_layout()
     return fig
 
