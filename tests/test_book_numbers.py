@@ -69,8 +69,10 @@ def test_cp_chapter_32k_claim_under_one_attention_assumption():
     assert len(no_cp["ranked"]) == 9 and not math_no_cp["ranked"]
     best = with_cp["ranked"][0]
     assert best["cp"] > 1 and best["recompute"] == "none"
-    assert best["tokens_per_s"] / no_cp["ranked"][0]["tokens_per_s"] == pytest.approx(1.27, abs=0.01)
     text = _markdown("context-parallel")
+    stated = re.search(r"about (\d\.\d\d) times the tokens per second", text)
+    speedup = best["tokens_per_s"] / no_cp["ranked"][0]["tokens_per_s"]
+    assert stated and float(stated.group(1)) == round(speedup, 2), (stated, speedup)
     assert "CP buys speed, not feasibility" in text and "9 layouts fit without CP" in text
     assert "no layout without CP\nfits" not in text and "no layout without CP fits" not in text
 
