@@ -90,7 +90,7 @@ def fig_composed_bytes(rows: list, ranks=(0, 7)):
     and op, for ``ranks``; a dot where labkit.calc predicts it (they coincide when equal)."""
     import numpy as np
     keys = sorted({(r["group"], r["op"]) for r in rows if r["rank"] in ranks and r["counted"]},
-                  key=lambda k: ("tp", "pp", "dp", "embd").index(k[0]))
+                  key=lambda k: (("tp", "pp", "dp", "embd").index(k[0]), k[1]))  # not set order
     fig, ax = new(5.0, 0.3 * len(keys) + 1.2)
     y = np.arange(len(keys))
     h = 0.8 / len(ranks)
