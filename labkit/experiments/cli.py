@@ -18,6 +18,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="print the equivalent pretrain_gpt.py command instead of running")
     run.add_argument("--outdir", default="outdir", help="logs go to OUTDIR/<ID>/logs.txt")
     run.add_argument("--train-iters", type=int, default=None, help="default: cpu 4, full 100")
+    run.add_argument("--verbose", action="store_true", help="on a rank's failure, also its traceback")
     rep = sub.add_parser("report", help="every run beside the tutorial's measurements and labkit.calc")
     rep.add_argument("--outdir", default="outdir")
     rep.add_argument("--runs-only", action="store_true", help="only experiments with a run")
@@ -36,6 +37,7 @@ def list_lines() -> list[str]:
 
 
 def main(argv=None) -> int:
+    from ..launch_collect import LaunchTimeout, RankFailed
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.command == "list":
@@ -53,4 +55,10 @@ def main(argv=None) -> int:
     except ValueError as err:   # an unknown ID, a refused layout, too few GPUs: say so, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (RankFailed, LaunchTimeout) as err:   # one line; the whole story under --verbose
+        print(f"error: {err.summary if isinstance(err, RankFailed) else str(err).splitlines()[0]}",
+              file=sys.stderr)
+        if getattr(args, "verbose", False):
+            print(err.details() if isinstance(err, RankFailed) else str(err), file=sys.stderr)
+        return 1
     return 0
