@@ -17,6 +17,19 @@ House rules for every figure (``style.py`` holds them as code):
                               "image": {"alt": "Two GPUs each holding half of ..."}}}
 
   and the cell ends with ``labkit.figures.show(fig)``.
+
+One module per chapter, each a set of ``fig_*`` functions that return a matplotlib Figure drawn
+from labkit's own objects or measured results (tests/test_figures_book.py draws every one and
+checks the house rules)::
+
+    collectives       each collective, the ring all-reduce step by step, bytes, alpha-beta
+    data_parallel     buckets, naive vs bucketed overlap, ZeRO shards, ZeRO memory
+    tensor_parallel   which weight slices a rank keeps, one layer with f / f-bar, vocab padding
+    sequence_parallel one layer with g / g-bar, activations per layout, bytes per layer
+    context_parallel  the ring, the causal split, FLOPs per rank, the gpt2-xl runs
+    pipeline          GPipe / 1F1B / interleaved / ZB-H1 timelines, in-flight memory, bubbles
+    expert_parallel   the all-to-all dispatch, load balance, drops, the expert grid
+    ptdp              the rank grid, step time per layout, bytes per group, strategy memory
 """
 from .style import MAX_WIDTH_IN, MIN_LABEL_PX, new, show, smallest_label_px, svg
 

@@ -71,6 +71,9 @@ class _SVG:
     def _repr_svg_(self) -> str:
         return self.text
 
+    def __repr__(self) -> str:          # the text/plain beside the SVG: stable, no address
+        return "<SVG figure>"
+
 
 def show(fig):
     """Close ``fig`` (no duplicate PNG from the inline backend) and return it as SVG output."""

@@ -1,14 +1,16 @@
 """Chapter instruments: what the book and the labs measure, one module per chapter.
 
-    dp.py, dp_plot.py      data parallelism: parity, bytes, memory, overlap timelines
+    dp.py, dp_plot.py      data parallelism: parity, bytes, memory, overlap timelines (dp_plot: the
+                           two timelines share one x-range covering both)
     pipeline.py            pipeline schedules run for real: timelines, bubbles, memory
     activations.py         what autograd saves, measured and itemized (TP, SP, PP chapters)
     tensor_parallel.py     one transformer layer, dense vs cut: outputs, gradients, bytes
-    context_parallel.py, cp_table.py, cp_plot.py   context parallelism: parity, bytes, activations,
+    context_parallel.py, cp_table.py   context parallelism: parity, bytes, activations,
                            balance, the gpt2-xl table
-    expert_parallel.py, expert_parallel_plot.py   expert parallelism: parity, bytes, memory,
-                           load balance and drops
-    ptdp.py                the composed chapter: the rank grid, a composed run, per-strategy memory
+    expert_parallel.py     expert parallelism: parity, bytes, memory, load balance and drops
+    ptdp.py                the composed chapter: a composed run, per-strategy memory
+
+The book's figures are drawn from these by ``labkit.figures`` (one module per chapter).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ tests/test_expert_parallel.py).
 * the Mixtral-like and DeepSeek-like presets on H100 nodes: labkit's memory model beside
   Megatron's own estimate (:func:`preset_memory`).
 
-The figures are drawn by ``expert_parallel_plot.py``.
+The figures are drawn by ``labkit/figures/expert_parallel.py``.
 """
 from __future__ import annotations
 

@@ -1,40 +1,13 @@
-"""Instruments of the chapter "Putting it together: PTD-P": the rank grid, a composed run, and the
+"""Instruments of the chapter "Putting it together: PTD-P": a composed run, and the
 per-strategy memory at CPU scale next to the 2xH200 table (data/h200x2_gpt2large_strategies.csv).
+The rank grid is drawn by ``labkit.figures.ptdp``.
 
-    draw_grid(Topology(8, tp=2, pp=2))          the ranks coloured by tp, dp and pp group
     composed_run(world, **layout)               losses, gradients vs one device, bytes vs calc
     strategy_memory(strategies)                 bytes held per rank: model states + activations
 """
 from __future__ import annotations
 
 from ..config import TrainConfig
-
-
-def draw_grid(topo, axes_to_draw=("tp", "dp", "pp"), ax=None):
-    """One panel per axis: the world's ranks laid out as pp rows x (dp x tp) columns, each group
-    of that axis in its own colour, every box labelled with its rank. Returns the Figure."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-    n = len(axes_to_draw)
-    fig, axs = plt.subplots(1, n, figsize=(3.4 * n, 1.0 + 0.9 * topo.pp)) if ax is None else (ax.figure, [ax])
-    colours = plt.get_cmap("tab10").colors
-    cols = topo.world_size // topo.pp
-    for a, axis in zip(axs, axes_to_draw):
-        group_of = {r: i for i, g in enumerate(topo.groups(axis)) for r in g}
-        for r in range(topo.world_size):
-            c = topo.coords(r)
-            x, y = r % cols, topo.pp - 1 - c["pp"]
-            a.add_patch(Rectangle((x + 0.05, y + 0.05), 0.9, 0.9, color=colours[group_of[r] % 10], alpha=0.75))
-            a.text(x + 0.5, y + 0.5, str(r), ha="center", va="center", fontsize=10)
-        a.set_xlim(0, cols)
-        a.set_ylim(0, topo.pp)
-        a.set_xticks([])
-        a.set_yticks([y + 0.5 for y in range(topo.pp)], [f"stage {topo.pp - 1 - y}" for y in range(topo.pp)])
-        a.set_title(f"{axis} groups: {len(topo.groups(axis))} of {topo.size(axis)}")
-        a.set_aspect("equal")
-    fig.suptitle(topo.describe() + "  (rank = tp + tp*(dp + dp*pp), Megatron's tp-cp-ep-dp-pp)", fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 def composed_run(world_size: int, steps: int = 5, backend: str = "gloo", **config) -> dict:

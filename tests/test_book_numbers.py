@@ -1,0 +1,115 @@
+"""The numbers the chapters state in prose agree with the code that computes them (issue 24):
+the ring's bytes in "Context parallelism", ZB-H1's bubble in "Interleaved pipeline", the --fp16
+runs' 16 bytes per parameter in "Pipeline parallelism" and "PTD-P", and the 32 K planner claim of
+"Context parallelism" under one attention assumption. Each test reads the chapter's own text (or
+stored output) and recomputes the number with labkit: a chapter that drifts fails here."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from labkit.calc.comm import cp_attention_bytes
+from labkit.pipeline_parallel import schedules as S
+from labkit.pipeline_parallel.simulate import simulate
+
+BOOK = Path(__file__).resolve().parents[1] / "book"
+
+
+def _cells(name):
+    return json.loads((BOOK / f"{name}.ipynb").read_text())["cells"]
+
+
+def _markdown(name) -> str:
+    return "\n".join("".join(c["source"]) for c in _cells(name) if c["cell_type"] == "markdown")
+
+
+def _output_of(name, snippet) -> str:
+    """text/plain and stream outputs of the code cell whose source contains ``snippet``."""
+    for c in _cells(name):
+        if c["cell_type"] == "code" and snippet in "".join(c["source"]):
+            parts = []
+            for o in c.get("outputs", []):
+                parts.append("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")))
+            return "\n".join(parts)
+    raise AssertionError(f"no code cell with {snippet!r} in {name}")
+
+
+@pytest.mark.parametrize("c", [2, 4, 8])
+@pytest.mark.parametrize("s,b,h,heads,kv_heads", [(32768, 1, 4096, 32, 8), (32768, 1, 1600, 25, 25),
+                                                  (4096, 2, 2048, 16, 4)])
+def test_ring_bytes_formula_of_the_cp_chapter_equals_calc(c, s, b, h, heads, kv_heads):
+    """The p2p bullet states 12 (c-1)/c s b h_kv bytes per rank and layer in 16-bit (6 (c-1)/c
+    elements); labkit.calc counts exactly that, forward plus backward."""
+    text = _markdown("context-parallel")
+    assert r"12\frac{c-1}{c}\, s\, b\, h_{kv}" in text and r"6\frac{c-1}{c}\, s\, b\, h_{kv}" in text
+    h_kv = h // heads * kv_heads
+    counted = cp_attention_bytes(s, b, h_kv, c, 2, "p2p", hidden_size=h)
+    total = sum(sum(phase.values()) for phase in counted.values())
+    assert total == 12 * (c - 1) / c * s * b * h_kv
+
+
+def test_cp_chapter_table_shows_the_formula():
+    """The stored per-layer table (Llama-3-8B-like, 32 K tokens) shows 12 (c-1)/c s b h_kv in MiB."""
+    out = _output_of("context-parallel", "def per_layer(h, heads, kv_heads, s, cp, kind)")
+    for c in (2, 4, 8):
+        mib = 12 * (c - 1) / c * 32768 * 1 * 1024 / 2**20
+        assert re.search(rf"\b{c}\s+{mib:,.0f} MiB", out), (c, mib, out)
+
+
+def test_cp_chapter_32k_claim_under_one_attention_assumption():
+    """"CP buys speed, not feasibility": with flash attention layouts without CP fit at 32 K, and
+    the fastest layout with CP needs no recomputation; only materialized scores need CP to fit."""
+    from labkit.calc import ModelConfig, cluster, plan
+    xl = ModelConfig(num_layers=48, hidden_size=1600, num_attention_heads=25, seq_length=32768,
+                     vocab_size=50257)
+    no_cp = plan(xl, cluster("dgx-h100"), 8, context_parallel_sizes=(1,), attention="flash")
+    with_cp = plan(xl, cluster("dgx-h100"), 8, context_parallel_sizes=(1, 2, 4, 8), attention="flash")
+    math_no_cp = plan(xl, cluster("dgx-h100"), 8, context_parallel_sizes=(1,), attention="math")
+    assert len(no_cp["ranked"]) == 9 and not math_no_cp["ranked"]
+    best = with_cp["ranked"][0]
+    assert best["cp"] > 1 and best["recompute"] == "none"
+    text = _markdown("context-parallel")
+    stated = re.search(r"about (\d\.\d\d) times the tokens per second", text)
+    speedup = best["tokens_per_s"] / no_cp["ranked"][0]["tokens_per_s"]
+    assert stated and float(stated.group(1)) == round(speedup, 2), (stated, speedup)
+    assert "CP buys speed, not feasibility" in text and "9 layouts fit without CP" in text
+    assert "no layout without CP\nfits" not in text and "no layout without CP fits" not in text
+
+
+@pytest.mark.parametrize("p,m", [(2, 8), (4, 8), (8, 16)])
+@pytest.mark.parametrize("f,b,w", [(1, 1, 1), (1, 1.5, 0.5), (2, 1, 1), (1, 2, 1), (1, 0.8, 1.2),
+                                   (0.5, 1, 1), (1, 1, 2)])
+def test_zb_h1_bubble_as_the_interleaved_chapter_states(p, m, f, b, w):
+    """Qi et al.'s (p-1)(T_F + T_B - T_W) when T_W <= T_F and T_W <= T_B; otherwise the
+    simulated idle time stays at (p-1) max(T_F, T_B), as the chapter says."""
+    text = _markdown("interleaved-pipeline")
+    assert r"(p-1)(T_F + T_B - T_W)" in text and r"(p-1)\max(T_F, T_B)" in text
+    assert "when W is cheap" not in text
+    sim = simulate(S.zb_h1(p, m), f, b + w, w)
+    idle_per_rank = sim.bubble_fraction * m * (f + b + w) / (p - 1)
+    want = f + b - w if (w <= f and w <= b) else max(f, b)
+    assert idle_per_rank == pytest.approx(want)
+    if f == b == w:
+        assert sim.bubble_fraction == pytest.approx((p - 1) / (3 * m))
+
+
+def test_fp16_runs_counted_at_16_bytes_per_parameter():
+    """The 2xH200 runs are --fp16: the pipeline chapter predicts them with fp16 main gradients
+    (grads = params = 2 bytes each), and neither chapter calls them 18 bytes per parameter."""
+    import labkit.calc as calc
+    from labkit.experiments.report import PRECISION
+    fp16 = PRECISION["fp16"]
+    assert fp16.bytes_param + fp16.bytes_grad + fp16.bytes_optim == 16
+    par = calc.ParallelConfig(world_size=2, pipeline_model_parallel_size=2, micro_batch_size=64,
+                              global_batch_size=64)
+    for row in calc.memory_per_stage(calc.model("gpt2-774m"), par, fp16, attention="flash"):
+        assert row["grads"] == row["params"]
+    out = _output_of("pipeline-parallel", 'fp16 = PRECISION["fp16"]')
+    stages = [line.split() for line in out.splitlines()
+              if line.split()[:1] in (["0"], ["1"]) and len(line.split()) == 7]  # stage params grads
+    assert len(stages) == 2, out
+    assert all(cols[1] == cols[2] for cols in stages), stages
+    for chapter in ("pipeline-parallel", "ptd-p"):
+        text = _markdown(chapter)
+        assert "16 bytes" in text and "18 bytes per parameter" not in text
