@@ -1,0 +1,80 @@
+"""The Slurm scripts without a cluster: one shared launch, valid bash, and the scripts
+``experiments run ID --slurm`` writes (tests/test_slurm.py submits them to a real cluster)."""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from labkit.experiments import slurm
+from labkit.experiments.cli import main as experiments_cli
+from test_slurm import ROOT, script_config
+
+EXAMPLES = ROOT / "examples" / "slurm"
+SBATCH = sorted(EXAMPLES.glob("*.sbatch"))
+
+
+def test_every_script_is_valid_bash():
+    for path in [*SBATCH, EXAMPLES / "launch.sh"]:
+        done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, (path, done.stderr)
+
+
+def test_the_gpu_and_cpu_scripts_share_one_launch():
+    assert [p.name for p in SBATCH] == ["train_2x8.sbatch", "train_cpu.sbatch"]
+    for path in SBATCH:
+        text = path.read_text()
+        body = [re.sub(r"(^|\s)#.*", "", ln) for ln in text.splitlines()]   # code, not comments
+        assert "exec bash examples/slurm/launch.sh" in text
+        # the launch itself (srun, torchrun, the rendezvous) is written once, in launch.sh
+        assert not any(re.search(r"\b(srun|torchrun|rdzv|MASTER_ADDR)\b", ln) for ln in body), path
+        assert text.rstrip().endswith('"$@"')                   # extra flags reach labkit train
+    launch = (EXAMPLES / "launch.sh").read_text()
+    for needed in ("srun --kill-on-bad-exit=1 torchrun", "--rdzv-backend c10d", '--rdzv-id "$SLURM_JOB_ID"',
+                   "--rdzv-conf is_host=false", "rendezvous_store.py"):
+        assert needed in launch
+
+
+def test_train_cpu_sbatch_is_the_two_agent_layout():
+    world, args = script_config()
+    assert world == 4
+    assert (args["tensor_model_parallel_size"], args["micro_batch_size"], args["global_batch_size"],
+            args["params_dtype"], args["backend"]) == (2, 2, 8, "float64", "gloo")
+
+
+def test_cpu_script_for_an_experiment():
+    text = slurm.script_text("train-tp2-gpt2-large-2gpu", scale="cpu", nodes=2, outdir="out", steps=2)
+    assert "#SBATCH --nodes=2" in text and "--gpus-per-node" not in text
+    assert ("exec bash examples/slurm/launch.sh 1 -m labkit experiments run train-tp2-gpt2-large-2gpu "
+            "--scale cpu --outdir out --train-iters 2") in text
+    assert "#SBATCH --output=out/train-tp2-gpt2-large-2gpu/slurm-%j.out" in text
+
+
+def test_gpu_script_for_an_experiment():
+    text = slurm.script_text("302", scale="full")
+    assert "#SBATCH --nodes=1" in text and "#SBATCH --gpus-per-node=2" in text
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in text                      # CP 2: Megatron's setting
+    assert "launch.sh 2 -m labkit experiments run 302-cp2-gpt2xl-gbs4-len4096 --scale full" in text
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in slurm.script_text("train-dp2-gpt2-large-2gpu")
+
+
+@pytest.mark.parametrize("nodes, words", [(3, "3 node(s) do not divide 2"), (0, "do not divide"),
+                                          (2, None)])
+def test_nodes_must_split_the_ranks(nodes, words):
+    if words is None:
+        assert slurm.layout("train-tp2-gpt2-large-2gpu", "cpu", nodes) == (2, 1)
+        return
+    with pytest.raises(ValueError, match=re.escape(words)):
+        slurm.layout("train-tp2-gpt2-large-2gpu", "cpu", nodes)
+
+
+def test_cli_writes_the_script(tmp_path, capsys):
+    assert experiments_cli(["run", "train-sp2", "--scale", "cpu", "--slurm", "--nodes", "2",
+                            "--outdir", str(tmp_path)]) == 0
+    path = tmp_path / "train-sp2-gpt2-large-2gpu" / "job.sbatch"
+    assert f"wrote {path}" in capsys.readouterr().out
+    assert path.read_text() == slurm.script_text("train-sp2-gpt2-large-2gpu", "cpu", 2, tmp_path)
+    assert experiments_cli(["run", "train-sp2", "--slurm", "--nodes", "3", "--outdir", str(tmp_path)]) == 2
+    assert "nodes: train-sp2-gpt2-large-2gpu runs 2 rank(s)" in capsys.readouterr().err
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
