@@ -8,7 +8,7 @@ import pytest
 
 from labkit.experiments import slurm
 from labkit.experiments.cli import main as experiments_cli
-from test_slurm import ROOT, script_config
+from test_slurm import RECORD, ROOT, check_clean_run, check_failed_run, local_cluster, script_config
 
 EXAMPLES = ROOT / "examples" / "slurm"
 SBATCH = sorted(EXAMPLES.glob("*.sbatch"))
@@ -78,3 +78,15 @@ def test_cli_writes_the_script(tmp_path, capsys):
     assert "nodes: train-sp2-gpt2-large-2gpu runs 2 rank(s)" in capsys.readouterr().err
     if shutil.which("bash"):
         assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_the_recorded_runs_the_chapter_shows_are_current():
+    """examples/slurm/train_cpu.record.json (``local_cluster.py --record``): the clean run logged
+    labkit.reference's losses and left nothing; the failing run named rank 3 first."""
+    import json
+    record = json.loads(RECORD.read_text())
+    check_clean_run(record["ok"])
+    check_failed_run(record["failing_rank"])
+    for run in (record["ok"], record["failing_rank"]):
+        assert run["left"] == {"n1": [], "n2": []}
+    assert sorted(local_cluster.ranks(record["ok"]["processes"]).values()) == [[0, 1], [2, 3]]
