@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     print(f"data-parallel size: {est['data_parallel_size']}, "
           f"number of microbatches: {est['num_microbatches']}, "
           f"padded vocab size: {est['padded_vocab_size']}")
-    print(f"activation formula: {est['activation_formula']}")
+    print(f"activation formula: {est['activation_formula']}; attention: {est['attention']}")
     print(est["report"])
     print(f"FLOPs per iteration: {est['flops_per_iteration']:.6e}")
     return 0
@@ -154,18 +154,22 @@ def plan_main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--context-parallel-sizes", type=int, nargs="+", default=[1],
                     help="CP sizes to search (default: 1, no context parallelism)")
+    ap.add_argument("--attention", choices=["flash", "math"], default="flash",
+                    help="attention kernel every layout's memory is counted with: flash (fused, "
+                         "Megatron-Core's default) or math (materialized s x s scores)")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         m = model(args.model)
         if args.seq_length:
             m = m.with_(seq_length=args.seq_length)
         c = cluster(args.cluster, args.nodes)
-        result = plan(m, c, args.global_batch_size, context_parallel_sizes=tuple(args.context_parallel_sizes))
+        result = plan(m, c, args.global_batch_size, attention=args.attention,
+                      context_parallel_sizes=tuple(args.context_parallel_sizes))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{len(result['ranked'])} layouts fit, {result['too_big']} do not fit, "
-          f"{result['invalid']} break a rule")
+          f"{result['invalid']} break a rule (memory counted with {result['attention']} attention)")
     for r in result["ranked"][: args.top]:
         print(f"TP={r['tp']} PP={r['pp']} CP={r['cp']} DP={r['dp']} mb={r['micro_batch_size']} "
               f"recompute={r['recompute']}: {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']:.1%}, "
