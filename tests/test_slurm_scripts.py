@@ -45,8 +45,8 @@ def test_train_cpu_sbatch_is_the_two_agent_layout():
 def test_cpu_script_for_an_experiment():
     text = slurm.script_text("train-tp2-gpt2-large-2gpu", scale="cpu", nodes=2, outdir="out", steps=2)
     assert "#SBATCH --nodes=2" in text and "--gpus-per-node" not in text
-    assert ("exec bash examples/slurm/launch.sh 1 -m labkit experiments run train-tp2-gpt2-large-2gpu "
-            "--scale cpu --outdir out --train-iters 2") in text
+    assert ("exec bash examples/slurm/launch.sh 1 \\\n    -m labkit experiments run train-tp2-gpt2-large-2gpu "
+            "--scale cpu \\\n    --outdir out --train-iters 2 \"$@\"") in text
     assert "#SBATCH --output=out/train-tp2-gpt2-large-2gpu/slurm-%j.out" in text
 
 
@@ -54,7 +54,7 @@ def test_gpu_script_for_an_experiment():
     text = slurm.script_text("302", scale="full")
     assert "#SBATCH --nodes=1" in text and "#SBATCH --gpus-per-node=2" in text
     assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in text                      # CP 2: Megatron's setting
-    assert "launch.sh 2 -m labkit experiments run 302-cp2-gpt2xl-gbs4-len4096 --scale full" in text
+    assert "launch.sh 2 \\\n    -m labkit experiments run 302-cp2-gpt2xl-gbs4-len4096 --scale full" in text
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in slurm.script_text("train-dp2-gpt2-large-2gpu")
 
 

@@ -48,14 +48,14 @@ def script_text(experiment_id: str, scale: str = "full", nodes: int | None = Non
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     job_dir = Path(outdir) / e.id
-    run = f"-m labkit experiments run {e.id} --scale {scale} --outdir {shlex.quote(str(outdir))}"
+    run = f"-m labkit experiments run {e.id} --scale {scale} \\\n    --outdir {shlex.quote(str(outdir))}"
     run += f" --train-iters {steps}" if steps is not None else ""
     lines = ["#!/bin/bash",
-             f"# {e.id}: {e.strategy}, {e.model}, {e.gpus} rank(s) at {scale} scale on {nodes} node(s)"
-             + (f"; the tutorial ran it on {e.hardware}" if e.hardware else ""),
-             f"# Written by `python -m labkit experiments run {e.id} --scale {scale} --slurm --nodes "
-             f"{nodes}`.",
-             f"# Submit from the repository root:  sbatch {shlex.quote(str(job_dir / 'job.sbatch'))}",
+             f"# {e.id}: {e.strategy}, {e.model}, {e.gpus} rank(s) at {scale} scale on {nodes} node(s)"]
+    lines += [f"# (the tutorial ran it on {e.hardware})"] if e.hardware else []
+    lines += ["# Written by",
+              f"#   python -m labkit experiments run {e.id} --scale {scale} --slurm --nodes {nodes}",
+              f"# Submit from the repository root:  sbatch {shlex.quote(str(job_dir / 'job.sbatch'))}",
              "# The launch is examples/slurm/launch.sh (chapter \"From labkit to Megatron-LM\", "
              "\"Many nodes\").",
              f"#SBATCH --job-name={e.id}",
@@ -79,7 +79,7 @@ def script_text(experiment_id: str, scale: str = "full", nodes: int | None = Non
                          "(NCCL_SOCKET_IFNAME, NCCL_IB_HCA)")
     else:
         lines.append("export OMP_NUM_THREADS=1             # one thread per rank")
-    lines += ["", f"exec bash examples/slurm/launch.sh {per_node} {run} \"$@\"", ""]
+    lines += ["", f"exec bash examples/slurm/launch.sh {per_node} \\", f"    {run} \"$@\"", ""]
     return "\n".join(lines)
 
 
