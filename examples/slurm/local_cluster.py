@@ -39,33 +39,10 @@ SHOWN = ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES", "SLURM_NODEID", "
          "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
          "TORCHELASTIC_RUN_ID", "OMP_NUM_THREADS")
 
-# sitecustomize.py files a job's Python processes load first (PYTHONPATH): adverse cases, planted
-PLANTS = {
-    # the second node's agent waits 3 s after checking into torchrun's exit barrier, so the first
-    # node's agent always leaves first: the order that ended in a traceback when it hosted the store
-    "slow-agent": '''import os, sys, time
-if os.environ.get("SLURM_NODEID") == "1" and "RANK" not in os.environ:
-    import torch.distributed.elastic.utils.store as _store
-    _checkin = _store._barrier_nonblocking
-    def _slow(*args, **kwargs):
-        key = _checkin(*args, **kwargs)
-        print("planted: the agent on node 1 is held 3 s in the exit barrier", file=sys.stderr, flush=True)
-        time.sleep(3)
-        return key
-    _store._barrier_nonblocking = _slow
-''',
-    # rank 3 raises in its second iteration
-    "failing-rank": '''import os
-if os.environ.get("RANK") == "3":
-    import labkit.indexed_dataset as _data
-    _get_batch = _data.get_batch
-    def _planted(path, iteration, *args, **kwargs):
-        if iteration == 1:
-            raise RuntimeError("planted failure in iteration 2")
-        return _get_batch(path, iteration, *args, **kwargs)
-    _data.get_batch = _planted
-''',
-}
+# adverse cases, planted in a job: a folder with a sitecustomize.py every Python process of the job
+# loads first (PYTHONPATH)
+PLANTS = {p.name.replace("_", "-"): p for p in sorted((Path(__file__).parent / "plants").iterdir())
+          if (p / "sitecustomize.py").exists()}
 
 
 def free_ports(n: int) -> list[int]:
@@ -188,13 +165,10 @@ class Cluster:
     def submit(self, script: str | Path, *args: str, plant: str | None = None,
                time_limit_min: int = 5) -> int:
         """``sbatch script args`` from the repository root; its output goes to this cluster's folder.
-        ``plant``: a key of PLANTS, loaded by every Python process of the job."""
+        ``plant``: a key of PLANTS (examples/slurm/plants/), loaded by every Python process of the job."""
         env = dict(self.env)
         if plant is not None:
-            folder = self.dir / f"plant-{plant}"
-            folder.mkdir(exist_ok=True)
-            (folder / "sitecustomize.py").write_text(PLANTS[plant])
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH")) if p)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLANTS[plant]), env.get("PYTHONPATH")) if p)
         out = subprocess.run(["sbatch", "--parsable", f"--time={time_limit_min}",
                               f"--output={self.dir}/%x-%j.out", str(script), *args],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True)
