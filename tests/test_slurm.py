@@ -127,16 +127,21 @@ def test_scancel_stops_every_rank_on_both_nodes(cluster):
         assert time.monotonic() < deadline, (cluster.job(job_id), local_cluster.job_processes(job_id))
         assert cluster.job(job_id)["JobState"] not in local_cluster.DONE, cluster.output(job_id)
         time.sleep(0.2)
-    start = time.monotonic()
+    start, ranks_gone = time.monotonic(), None
     cluster.run("scancel", str(job_id))
-    while any(local_cluster.job_processes(job_id).values()) and time.monotonic() - start < 60:
+    while any((found := local_cluster.job_processes(job_id)).values()) and time.monotonic() - start < 60:
+        if ranks_gone is None and not any(local_cluster.ranks(found).values()):
+            ranks_gone = time.monotonic() - start
         time.sleep(0.1)
     gone = time.monotonic() - start
+    ranks_gone = gone if ranks_gone is None else ranks_gone
     assert local_cluster.job_processes(job_id) == NOTHING_LEFT
     assert cluster.wait(job_id, timeout=60)["JobState"] == "CANCELLED"
-    # Slurm sends SIGTERM, then SIGKILL after KillWait to whatever is left: nothing may outlive that
+    # Slurm sends SIGTERM to every process of the job, then SIGKILL after KillWait to what is left:
+    # the ranks end on the SIGTERM, and nothing (agents, store, step daemons) outlives the SIGKILL
+    assert ranks_gone < local_cluster.KILL_WAIT, f"ranks of job {job_id} lived {ranks_gone:.1f} s"
     assert gone < local_cluster.KILL_WAIT + 3, f"processes of job {job_id} lived {gone:.1f} s after scancel"
-    print(f"job {job_id}: every process gone {gone:.1f} s after scancel")
+    print(f"job {job_id}: every rank gone {ranks_gone:.1f} s, every process {gone:.1f} s after scancel")
 
 
 def test_experiments_slurm_script_runs(cluster, tmp_path):

@@ -12,7 +12,6 @@ Chapter "From labkit to Megatron-LM" (book/megatron-bridge.ipynb), section "Many
 """
 import os
 import signal
-import sys
 import time
 from datetime import timedelta
 
@@ -23,7 +22,9 @@ def main() -> None:
     # port 0: the system picks a free port; wait_for_workers=False: agents come and go as they like
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))     # launch.sh's trap: a quiet end
+    # launch.sh's trap (or scancel): end now, quietly; a store has nothing to flush, and the
+    # interpreter's teardown with torch loaded can take seconds
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     print(store.port, flush=True)                              # launch.sh waits for this line
     parent = os.getppid()
     while os.getppid() == parent:       # serve until stopped, or until launch.sh is gone
