@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import TrainConfig, train_config
+from .preflight import preflight
 
 
 @dataclass
@@ -55,11 +56,12 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     cfg.validate(world_size)  # fails here, before any process starts
+    rank_bytes = preflight(cfg, world_size, seed, log_interval)   # the data, seed, memory per rank
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
     from .launcher import launch
     outs = launch(_worker, world_size, cfg, steps, seed, log_interval, capture_grads,
-                  backend=backend, timeout=timeout)
+                  backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     grads = None
     if capture_grads:
         from .parallelize import assemble

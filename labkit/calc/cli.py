@@ -15,12 +15,12 @@ the WORLD_SIZE environment variable).
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 from .megatron import megatron_estimate
 from .megatron_args import DEPRECATED, FLAGS, NOT_COVERED, unknown_message
 from .megatron_flags import ESTIMATE_DEFAULTS
+from .moe import parse_layer_freq
 
 _STR = {"normalization", "recompute_granularity", "position_embedding_type",
         "experimental_attention_variant", "hybrid_layer_pattern", "hybrid_override_pattern",
@@ -28,24 +28,13 @@ _STR = {"normalization", "recompute_granularity", "position_embedding_type",
 GPT2_BPE_VOCAB = 50257  # entries of gpt2-vocab.json, Megatron's GPT2BPETokenizer
 
 
-def _freq(text: str):
-    """--moe-layer-freq, as Megatron's moe_freq_type: an int, or a list expression such as
-    ([1]*3+[0])*2 (only digits, commas, brackets, + and *, the characters _eval_pattern allows)."""
-    if "[" not in text:
-        return int(text)
-    if re.search(r"[^,\d\[\]\(\)\+\*]", text):
-        raise ValueError(f"Invalid pattern: {text}")
-    return list(eval(text, {"__builtins__": {}}))  # noqa: S307 - no names can occur
-
-
 def _typed(dest: str, flag: str, raw):
-    if isinstance(raw, list) or dest in _STR:
+    if isinstance(raw, list) or dest in _STR or dest == "moe_layer_freq":   # the pattern: below
         return raw
     try:
-        return _freq(raw) if dest == "moe_layer_freq" else int(raw)
-    except ValueError as err:
-        why = f" ({err})" if dest == "moe_layer_freq" else ""
-        raise ValueError(f"{flag}: invalid value {raw!r}{why}") from None
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{flag}: invalid value {raw[:40]!r}{'...' if len(raw) > 40 else ''}") from None
 
 
 def parse_flags(argv: list) -> tuple[dict, dict, list]:
@@ -79,6 +68,13 @@ def parse_flags(argv: list) -> tuple[dict, dict, list]:
         else:
             other[dest] = value
             ignored.append(token.split("=")[0])
+    if isinstance(used.get("moe_layer_freq"), str):   # parsed once --num-layers is known: no list
+        layers = used.get("num_layers")                # longer than the model is ever built
+        layers = layers if isinstance(layers, int) and layers > 0 else None
+        try:
+            used["moe_layer_freq"] = parse_layer_freq(used["moe_layer_freq"], layers)
+        except ValueError as err:
+            raise ValueError(f"--moe-layer-freq: {err}") from None
     return used, other, ignored
 
 
