@@ -54,10 +54,11 @@ def script_text(experiment_id: str, scale: str = "full", nodes: int | None = Non
              f"# {e.id}: {e.strategy}, {e.model}, {e.gpus} rank(s) at {scale} scale on {nodes} node(s)"]
     lines += [f"# (the tutorial ran it on {e.hardware})"] if e.hardware else []
     lines += ["# Written by",
-              f"#   python -m labkit experiments run {e.id} --scale {scale} --slurm --nodes {nodes}",
-              f"# Submit from the repository root:  sbatch {shlex.quote(str(job_dir / 'job.sbatch'))}",
-             "# The launch is examples/slurm/launch.sh (chapter \"From labkit to Megatron-LM\", "
-             "\"Many nodes\").",
+              f"#   python -m labkit experiments run {e.id} --scale {scale} \\",
+              f"#     --slurm --nodes {nodes}",
+              "# Submit from the repository root:",
+              f"#   sbatch {shlex.quote(str(job_dir / 'job.sbatch'))}",
+              "# The launch is examples/slurm/launch.sh (chapter \"From labkit to Megatron-LM\").",
              f"#SBATCH --job-name={e.id}",
              f"#SBATCH --nodes={nodes}",
              "#SBATCH --ntasks-per-node=1          # one torchrun agent per node; it starts the ranks"]
@@ -75,8 +76,8 @@ def script_text(experiment_id: str, scale: str = "full", nodes: int | None = Non
         lines += ["export TORCH_NCCL_ASYNC_ERROR_HANDLING=1   # a hung collective ends the rank",
                   f"export OMP_NUM_THREADS={CORES_PER_GPU}"]
         if nodes > 1:
-            lines.append("# across nodes, name NCCL's interface and adapters as train_2x8.sbatch does "
-                         "(NCCL_SOCKET_IFNAME, NCCL_IB_HCA)")
+            lines += ["# across nodes, name NCCL's interface and adapters as train_2x8.sbatch does",
+                      "# (NCCL_SOCKET_IFNAME, NCCL_IB_HCA)"]
     else:
         lines.append("export OMP_NUM_THREADS=1             # one thread per rank")
     lines += ["", f"exec bash examples/slurm/launch.sh {per_node} \\", f"    {run} \"$@\"", ""]
