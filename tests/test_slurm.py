@@ -127,20 +127,25 @@ def test_scancel_stops_every_rank_on_both_nodes(cluster):
         assert time.monotonic() < deadline, (cluster.job(job_id), local_cluster.job_processes(job_id))
         assert cluster.job(job_id)["JobState"] not in local_cluster.DONE, cluster.output(job_id)
         time.sleep(0.2)
-    start, ranks_gone = time.monotonic(), None
+    kill_wait = local_cluster.KILL_WAIT
+    start, ranks_gone, after_kill = time.monotonic(), None, None
     cluster.run("scancel", str(job_id))
     while any((found := local_cluster.job_processes(job_id)).values()) and time.monotonic() - start < 60:
         if ranks_gone is None and not any(local_cluster.ranks(found).values()):
             ranks_gone = time.monotonic() - start
+        if after_kill is None and time.monotonic() - start > kill_wait + 1:
+            after_kill = found                  # what outlived the SIGKILL, for the message below
         time.sleep(0.1)
     gone = time.monotonic() - start
     ranks_gone = gone if ranks_gone is None else ranks_gone
     assert local_cluster.job_processes(job_id) == NOTHING_LEFT
     assert cluster.wait(job_id, timeout=60)["JobState"] == "CANCELLED"
-    # Slurm sends SIGTERM to every process of the job, then SIGKILL after KillWait to what is left:
-    # the ranks end on the SIGTERM, and nothing (agents, store, step daemons) outlives the SIGKILL
-    assert ranks_gone < local_cluster.KILL_WAIT, f"ranks of job {job_id} lived {ranks_gone:.1f} s"
-    assert gone < local_cluster.KILL_WAIT + 3, f"processes of job {job_id} lived {gone:.1f} s after scancel"
+    # Slurm sends SIGTERM to every process of the job, then SIGKILL after KillWait to what is left.
+    # The ranks end on the SIGTERM; the rest (agents, the store, the step daemons finishing their
+    # own work) within a few KillWaits, however loaded the machine: a process that outlived the
+    # SIGKILL round would live on for good
+    assert ranks_gone < kill_wait, f"ranks of job {job_id} lived {ranks_gone:.1f} s after scancel"
+    assert gone < 4 * kill_wait, f"job {job_id} lived {gone:.1f} s after scancel: {after_kill}"
     print(f"job {job_id}: every rank gone {ranks_gone:.1f} s, every process {gone:.1f} s after scancel")
 
 
