@@ -90,3 +90,33 @@ def test_the_recorded_runs_the_chapter_shows_are_current():
     for run in (record["ok"], record["failing_rank"]):
         assert run["left"] == {"n1": [], "n2": []}
     assert sorted(local_cluster.ranks(record["ok"]["processes"]).values()) == [[0, 1], [2, 3]]
+
+
+def test_a_failing_rank_under_torchrun_ends_the_run(tmp_path):
+    """What srun --kill-on-bad-exit relies on, without Slurm: under torchrun, a rank whose
+    function raised leaves at once (labkit's exit barrier would wait for ranks blocked waiting for
+    it, until the collective timeout), so its agent stops the other ranks and names it."""
+    import os
+    import sys
+    from pathlib import Path
+    world, args = script_config()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(local_cluster.PLANTS["failing-rank"]), os.environ.get("PYTHONPATH", str(ROOT))])}
+    flags = ["--backend", "gloo", "--tensor-model-parallel-size", "2", "--micro-batch-size", "2",
+             "--global-batch-size", "8", "--train-iters", "50", "--data-path", args["data_path"]]
+    env["LABKIT_TEST_RUN"] = str(tmp_path)        # marks every process of this run, for the cleanup
+    try:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", str(world), "-m", "labkit", "train", *flags],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+    finally:   # a hung run leaves its ranks behind the killed agent (torchrun's own sessions)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if f"LABKIT_TEST_RUN={tmp_path}".encode() in Path("/proc", pid, "environ").read_bytes():
+                    os.kill(int(pid), 9)
+            except OSError:
+                pass
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "[rank3]: RuntimeError: planted failure in iteration 2" in out, out[-3000:]
+    assert re.search(r"Root Cause \(first observed failure\):\n\[0\]:\n(?:.*\n){2}\s+rank\s+: 3", out), out[-3000:]
