@@ -99,7 +99,7 @@ def train_main(argv) -> int:
         print(f"error: {e.summary if isinstance(e, RankFailed) else str(e).splitlines()[0]}"
               f"{'' if verbose else ' (--verbose: traceback and output)'}", file=sys.stderr)
         if verbose:
-            print(str(e), file=sys.stderr)
+            print(e.details() if isinstance(e, RankFailed) else str(e), file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"final lm loss: {result.losses[-1]:.6f}")

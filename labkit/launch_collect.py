@@ -75,11 +75,16 @@ class RankFailed(RuntimeError):
 
     def __init__(self, rank: int, remote_traceback: str, output: str):
         self.rank, self.remote_traceback, self.output = rank, remote_traceback, output
-        tb = remote_traceback.split("\n(ranks ")[0].strip()
-        shown = output.replace(tb, "(the traceback above)") if tb else output   # the rank printed it too
-        shown = shown.strip()[-4000:] or "(nothing)"
+        shown = output.strip()[-4000:] or "(nothing)"
         super().__init__(f"rank {rank} failed:\n{remote_traceback.rstrip()}\n"
                          f"--- captured output of rank {rank} ---\n{shown}")
+
+    def details(self) -> str:
+        """The traceback, then the rank's output without its own copy of that traceback."""
+        tb = self.remote_traceback.split("\n(ranks ")[0].strip()
+        output = self.output.replace(tb, "(the traceback above)") if tb else self.output
+        return f"{self.remote_traceback.rstrip()}\n--- captured output of rank {self.rank} ---\n" \
+               f"{output.strip()[-4000:] or '(nothing)'}"
 
     @property
     def summary(self) -> str:

@@ -22,27 +22,16 @@ Everything here runs inside one rank, spawned by ``launch`` or started by ``torc
   (``launch(..., allow_tf32=True)``: faster fp32 matmuls, looser parity).
 * **Results.** :func:`to_cpu` moves tensors to the CPU before they leave the rank, so the caller
   never receives CUDA tensors (which it could not mix with its own CPU tensors).
-* **Nothing outlives the caller.** A rank's output goes to an unnamed temporary file the caller
-  opened (no folder to leave behind). Each rank watches a pipe whose only write end the caller
-  holds (:func:`watch_caller`): the caller's death, by any signal, closes it, and the rank exits at
-  once. The forkserver polls its parent (:func:`_watch_forkserver_parent`, armed when it imports
-  this module as its preload) and exits when the caller is gone; on Linux every rank also asks the
-  kernel for SIGKILL when the forkserver dies (``PR_SET_PDEATHSIG``), so a rank stuck in C code
-  that holds the GIL goes too. On macOS (no PR_SET_PDEATHSIG) the pipe and the polling hold; a
-  rank stuck holding the GIL would outlive the caller there. The resource tracker exits by itself
-  once no process holds its pipe.
+* **Nothing outlives the caller** (:func:`guard`, after ``rank_main``): a watchdog per rank, one in
+  the forkserver, PR_SET_PDEATHSIG on Linux; output in unnamed files, no folder to leave behind.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import datetime
-import faulthandler
 import os
-import signal
 import sys
-import threading
-import time
 import traceback
 
 import cloudpickle
@@ -146,6 +135,49 @@ def to_cpu(obj, _memo=None):
     return out
 
 
+def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeout, allow_tf32,
+              env, payload, results_q, log, alive):
+    """Entry point of a spawned rank: capture output, set up, join the group, run, report."""
+    guard(alive, log)                     # die with the caller; stdout/stderr to the caller's file
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+    os.environ.clear()                    # the forkserver's environment is the first launch's:
+    os.environ.update(env)                # replace it with the caller's at this launch
+    torch.set_num_threads(1)              # N ranks share the cores; also makes CPU sums reproducible
+    state.channel = (results_q, rank)
+    try:
+        start(backend, rank, allow_tf32)
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
+                              timeout=datetime.timedelta(seconds=launch_timeout))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                **process_group_kwargs(backend, rank, collective_timeout))
+        dist.barrier()  # every rank has finished connecting before any rank may finish and leave
+        fn, args, kwargs = cloudpickle.loads(payload)
+        body = cloudpickle.dumps(to_cpu(fn(*args, **kwargs)))
+        dist.barrier()  # nobody tears down its connections while a peer still uses them
+        finish()        # a clean finish includes the teardown: a hang here is a timeout, not a leak
+        results_q.put(("ok", rank, body))
+    except BaseException:  # noqa: BLE001 - every failure must reach the caller
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr)
+        results_q.put(("error", rank, tb))
+    finally:
+        results_q.close()
+        results_q.join_thread()
+        # after a failure the group is left as it is: the caller stops this process (an NCCL
+        # teardown with a dead peer can block)
+
+
+# -------------------------------------------------------------------------------------------
+# Nothing outlives the caller. A rank's output goes to an unnamed temporary file the caller opened
+# (``InheritedFd``: no folder to leave behind). Each rank watches a pipe whose only write end the
+# caller holds (``watch_caller``): the caller's death, by any signal, closes it and the rank exits
+# at once. The forkserver polls its parent (``_watch_forkserver_parent``, armed when it imports
+# this module as its preload) and exits when the caller is gone, removing multiprocessing's
+# pymp-* folder; on Linux every rank also asks the kernel for SIGKILL when the forkserver dies
+# (PR_SET_PDEATHSIG), so a rank stuck in C code that holds the GIL goes too. On macOS (no
+# PR_SET_PDEATHSIG) the pipe and the polling hold, but a rank stuck holding the GIL would outlive
+# the caller. The resource tracker exits by itself once no process holds its pipe.
 class InheritedFd:
     """A file descriptor of the caller, handed to a rank through the forkserver (as
     multiprocessing hands over a Connection: ``reduction.DupFd`` while the rank is started)."""
@@ -162,11 +194,24 @@ def _inherited(dup) -> InheritedFd:
     return InheritedFd(dup.detach())
 
 
+def guard(alive, log: InheritedFd) -> None:
+    """First thing in a rank: watch the caller, ask for PR_SET_PDEATHSIG (Linux), send stdout and
+    stderr to ``log``, and have faulthandler print the Python stack on SIGSEGV/SIGBUS there."""
+    import faulthandler
+    watch_caller(alive)
+    _pdeathsig()
+    os.dup2(log.fd, 1)
+    os.dup2(log.fd, 2)
+    os.close(log.fd)
+    faulthandler.enable()
+
+
 def _pdeathsig() -> None:
     """Linux: SIGKILL this process when its parent (the forkserver) dies; elsewhere nothing."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
+    import signal
     parent = os.getppid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
@@ -176,10 +221,12 @@ def _pdeathsig() -> None:
         os._exit(1)
 
 
-def watch_caller(alive) -> threading.Thread:
+def watch_caller(alive):
     """Exit this rank at once when the caller dies: ``alive`` is the read end of a pipe whose only
     write end the caller holds, so it reads EOF when the caller is gone (any signal, SIGKILL
     included) or has finished with the ranks."""
+    import threading
+
     def watch():
         try:
             alive.poll(None)          # returns on EOF; the caller never writes
@@ -195,6 +242,8 @@ def _watch_forkserver_parent(poll: float = 0.2) -> None:
     """In the forkserver: exit when the caller that started it is gone (its parent changes). Its
     ranks then follow (their pipe; on Linux also PR_SET_PDEATHSIG). multiprocessing's own test
     (EOF on its "alive" pipe) fails here: every forked rank holds a copy of that pipe's write end."""
+    import threading
+    import time
     caller = os.getppid()
 
     def watch():
@@ -230,45 +279,6 @@ def _imported_by_forkserver() -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeout, allow_tf32,
-              env, payload, results_q, log, alive):
-    """Entry point of a spawned rank: watch the caller, capture output, set up, join the group,
-    run, report. ``log``: an InheritedFd of the caller's temporary file; ``alive``: see watch_caller."""
-    watch_caller(alive)
-    _pdeathsig()
-    os.dup2(log.fd, 1)
-    os.dup2(log.fd, 2)
-    os.close(log.fd)
-    faulthandler.enable()                 # SIGSEGV/SIGBUS: the Python stack, in the captured output
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
-    os.environ.clear()                    # the forkserver's environment is the first launch's:
-    os.environ.update(env)                # replace it with the caller's at this launch
-    torch.set_num_threads(1)              # N ranks share the cores; also makes CPU sums reproducible
-    state.channel = (results_q, rank)
-    try:
-        start(backend, rank, allow_tf32)
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False,
-                              timeout=datetime.timedelta(seconds=launch_timeout))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                **process_group_kwargs(backend, rank, collective_timeout))
-        dist.barrier()  # every rank has finished connecting before any rank may finish and leave
-        fn, args, kwargs = cloudpickle.loads(payload)
-        body = cloudpickle.dumps(to_cpu(fn(*args, **kwargs)))
-        dist.barrier()  # nobody tears down its connections while a peer still uses them
-        finish()        # a clean finish includes the teardown: a hang here is a timeout, not a leak
-        results_q.put(("ok", rank, body))
-    except BaseException:  # noqa: BLE001 - every failure must reach the caller
-        tb = traceback.format_exc()
-        print(tb, file=sys.stderr)
-        results_q.put(("error", rank, tb))
-    finally:
-        results_q.close()
-        results_q.join_thread()
-        # after a failure the group is left as it is: the caller stops this process (an NCCL
-        # teardown with a dead peer can block)
 
 
 if _imported_by_forkserver():

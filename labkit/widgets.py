@@ -1,9 +1,10 @@
-"""ipywidgets front-ends over labkit.calc (chapters "Why parallelism" and "Planning a run").
+"""ipywidgets front-ends over labkit.calc, for a notebook with a live kernel.
 
-Each calculator is built from ``labkit.calc.report.FORMS`` (the same description the static
-page's Pyodide front-end uses) and answers with ``labkit.calc.report.calculate``: one source of
-formulas and of formatting for the live notebook and the rendered book. An invalid layout shows
-the broken rule in the widget, never a traceback.
+Each calculator is built from ``labkit.calc.report.FORMS`` (the inputs the book's calculators page
+offers too) and answers with ``labkit.calc.report.calculate``. An invalid layout shows the broken
+rule in the widget, never a traceback. Not for the rendered book: a widget's stored state renders
+there as controls that look live and answer nothing. The book embeds explorers instead, which run
+labkit.calc in the reader's browser (``{labkit-explorer} memory``, book/_ext/labkit_explorers.py).
 
     from labkit import widgets
     widgets.memory_widget()          # GPT-3 175B on 1024 A100s by default; change any input

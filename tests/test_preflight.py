@@ -117,3 +117,9 @@ def test_experiments_run_checks_the_output_folder_first(monkeypatch, capsys):
     assert experiments(["run", "train-dp2", "--scale", "cpu", "--outdir", "/proc/nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: outdir: cannot write the logs to /proc/nope/train-dp2-gpt2-large-2gpu")
+
+
+def test_experiments_run_reports_a_rank_error_in_one_line(failing_ranks, capsys, tmp_path):
+    from labkit.experiments.cli import main as experiments
+    assert experiments(["run", "train-dp2", "--scale", "cpu", "--outdir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == "error: rank 1 failed: ValueError: corpus of 10 tokens is too short, on purpose\n"

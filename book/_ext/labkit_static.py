@@ -1,10 +1,11 @@
 """Sphinx extension: ship labkit.calc's own sources with the book, for the static calculators.
 
-The calculator page (book/calculators.md) runs labkit.calc in the browser with Pyodide, so the
-formulas have a single source. At the end of an HTML build this copies ``labkit/__init__.py``,
-``labkit/topology.py`` and ``labkit/calc/*.py`` to ``_static/labkit_src/`` and writes
-``manifest.json`` (the list of files) for ``_static/calculators.js`` to load into Pyodide's
-file system. Pure standard library; no network.
+The calculator page (book/calculators.md) and the memory explorer run labkit.calc in the browser
+with Pyodide, in a Web Worker (``_static/explorers/calc-worker.js``), so the formulas have a single
+source. At the end of an HTML build this copies ``labkit/__init__.py``, ``labkit/topology.py``,
+``labkit/calc/*.py`` and ``labkit_answers.py`` (this folder: the answers as data) to
+``_static/labkit_src/`` and writes ``manifest.json`` (the list of files) for the worker to load
+into Pyodide's file system. Pure standard library; no network.
 
 It also removes two JavaScript console errors the theme stack (Jupyter Book 1.0.4) prints on every
 page, so that the browser test can demand a clean console: sphinx-thebe registers its inline
@@ -18,12 +19,14 @@ import json
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def sources() -> list[Path]:
     pkg = ROOT / "labkit"
-    return [pkg / "__init__.py", pkg / "topology.py", *sorted((pkg / "calc").glob("*.py"))]
+    return [pkg / "__init__.py", pkg / "topology.py", *sorted((pkg / "calc").glob("*.py")),
+            ROOT / "book" / "_ext" / "labkit_answers.py"]
 
 
 def copy_sources(app, exception):
@@ -32,7 +35,7 @@ def copy_sources(app, exception):
     dest = Path(app.outdir) / "_static" / "labkit_src"
     files = []
     for src in sources():
-        rel = src.relative_to(ROOT).as_posix()
+        rel = src.name if src.parent == HERE else src.relative_to(ROOT).as_posix()
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, target)

@@ -127,7 +127,8 @@ def main(argv=None) -> int:
     print(f"data-parallel size: {est['data_parallel_size']}, "
           f"number of microbatches: {est['num_microbatches']}, "
           f"padded vocab size: {est['padded_vocab_size']}")
-    print(f"activation formula: {est['activation_formula']}; attention: {est['attention']}")
+    print(f"activation formula: {est['activation_formula']}")
+    print(f"attention: {est['attention']}")
     print(est["report"])
     print(f"FLOPs per iteration: {est['flops_per_iteration']:.6e}")
     return 0

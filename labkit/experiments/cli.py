@@ -21,6 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--slurm", action="store_true", help="write OUTDIR/<ID>/job.sbatch, an sbatch "
                      "script that runs it on Slurm, instead of running (labkit/experiments/slurm.py)")
     run.add_argument("--nodes", type=int, default=None, help="with --slurm: nodes to spread the ranks over")
+    run.add_argument("--verbose", action="store_true", help="on a rank's failure, also its traceback")
     rep = sub.add_parser("report", help="every run beside the tutorial's measurements and labkit.calc")
     rep.add_argument("--outdir", default="outdir")
     rep.add_argument("--runs-only", action="store_true", help="only experiments with a run")
@@ -39,6 +40,7 @@ def list_lines() -> list[str]:
 
 
 def main(argv=None) -> int:
+    from ..launch_collect import LaunchTimeout, RankFailed
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.command == "list":
@@ -59,4 +61,10 @@ def main(argv=None) -> int:
     except ValueError as err:   # an unknown ID, a refused layout, too few GPUs: say so, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (RankFailed, LaunchTimeout) as err:   # one line; the whole story under --verbose
+        print(f"error: {err.summary if isinstance(err, RankFailed) else str(err).splitlines()[0]}",
+              file=sys.stderr)
+        if getattr(args, "verbose", False):
+            print(err.details() if isinstance(err, RankFailed) else str(err), file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,497 @@
+"""Every page of the rendered book in headless Chromium, as a reader meets it (issue 19).
+
+Serves the built book (``_build/html``) on 127.0.0.1 and opens every page at 1400 and at 390 px:
+
+* no console error and no uncaught exception; no request leaving 127.0.0.1 (aborted and listed);
+* at 390 px no element reaches past the screen's right edge (unless a box of its own scrolls it);
+* every figure is captioned, its alt text says something (not empty, not a file hash), and no
+  label of an SVG figure is under 9 CSS px as rendered (``labkit.figures.smallest_label_px`` on the
+  file, at the width the image is drawn); explorers' own SVG labels likewise;
+* no ipywidgets output (its stored state renders as controls that look live and answer nothing).
+
+A page's offenders are reported together, one line each. Then the explorers and the calculators,
+with three scripted inputs each, show the numbers labkit computes for the same inputs here, in
+Python, independently of the page's code path: the schedule simulator (every box of the timeline,
+the bubble, the microbatches each rank holds; the drawn timeline covers the schedule's whole span),
+``labkit.calc`` (memory per stage, Megatron's estimate, the batch arithmetic, the planner) and
+``labkit.topology`` (the rank grid's JavaScript equals Topology on every layout it offers).
+
+Its own step of ``.ci/run`` (``LABKIT_BROWSER_BOOK=1``; skipped in the main suite, with that
+reason). Skipped, with the reason, when Chromium (Debian's ``chromium``), Playwright or the built
+book is missing; fails when the build carries stale copies of the sources it runs.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+import labkit.calc as calc
+from labkit.figures import MIN_LABEL_PX, smallest_label_px
+from labkit.pipeline_parallel import schedules
+from labkit.pipeline_parallel.simulate import simulate
+from labkit.topology import Topology
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML = ROOT / "_build" / "html"
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+WIDTHS = (1400, 390)
+HASH_ALT = re.compile(r"^[0-9a-f]{20,}(\.\w+)?$|\.(png|svg|jpe?g)$", re.I)
+
+STEP = "LABKIT_BROWSER_BOOK"   # set to 1 by its own step of .ci/run, after the book build
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(
+    os.environ.get(STEP) != "1",
+    reason=f"a step of its own in .ci/run (1-2 min in Chromium, after the book build): "
+           f"{STEP}=1 python -m pytest tests/test_browser_book.py")]
+
+
+def _pages() -> list[str]:
+    return [p.relative_to(HTML).as_posix() for folder in ("book", "labs")
+            for p in sorted((HTML / folder).glob("*.html"))]
+
+
+def _requirements():
+    if not CHROMIUM.exists():
+        return "no /usr/bin/chromium: apt-get install -y chromium"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright for Python is not installed (pip install -r requirements.txt)"
+    if not (HTML / "book" / "intro.html").exists() or not (HTML / "_static" / "labkit_src" / "manifest.json").exists():
+        return "the book is not built: run `jupyter-book build . -W -n --keep-going` first"
+    return None
+
+
+def _stale() -> list[str]:
+    """Files the built book runs whose copy differs from the working tree's."""
+    src = HTML / "_static" / "labkit_src"
+    out = []
+    for rel in json.loads((src / "manifest.json").read_text())["files"]:
+        here = ROOT / rel if (ROOT / rel).exists() else ROOT / "book" / "_ext" / rel
+        if (src / rel).read_bytes() != here.read_bytes():
+            out.append(rel)
+    for f in (ROOT / "book" / "_static" / "explorers").iterdir():
+        built = HTML / "_static" / "explorers" / f.name
+        if not built.exists() or built.read_bytes() != f.read_bytes():
+            out.append(f"book/_static/explorers/{f.name}")
+    return out
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map, ".wasm": "application/wasm",
+                      ".mjs": "text/javascript", ".js": "text/javascript", ".svg": "image/svg+xml"}
+    missing: list = []   # paths answered 404 (the console names no URL): reported with the errors
+
+    def send_error(self, code, *args, **kw):
+        if code == 404:
+            self.missing.append(self.path)
+        return super().send_error(code, *args, **kw)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def site():
+    reason = _requirements()
+    if reason:
+        pytest.skip(reason)
+    stale = _stale()
+    if stale:   # the pages would run old code: a real mismatch, not a missing tool
+        pytest.fail(f"the built book carries old copies of {stale}: rebuild it with "
+                    f"`jupyter-book build . -W -n --keep-going`")
+    from playwright.sync_api import sync_playwright
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(HTML)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
+        yield browser, f"http://127.0.0.1:{server.server_address[1]}/"
+        browser.close()
+    server.shutdown()
+
+
+def _open(browser, base, page, width):
+    """A page opened at ``width``: (page, console errors, requests that left the site)."""
+    ctx = browser.new_context(viewport={"width": width, "height": 900})
+    errors, outside = [], []
+
+    def route(r):
+        if urlparse(r.request.url).hostname != "127.0.0.1":
+            outside.append(r.request.url)
+            return r.abort()
+        return r.continue_()
+
+    ctx.route("**/*", route)
+    pg = ctx.new_page()
+    def console(m):
+        if m.type == "error":
+            errors.append(m.text + (f" ({', '.join(_Handler.missing)})" if "404" in m.text else ""))
+            _Handler.missing.clear()
+
+    _Handler.missing.clear()
+    pg.on("console", console)
+    pg.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    pg.goto(base + page, wait_until="load")
+    pg.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")   # equations typeset
+    return pg, errors, outside
+
+
+# What sticks out past the right edge at a phone's width (a box that scrolls or clips it is fine).
+OVERFLOW_JS = """() => {
+  const W = document.documentElement.clientWidth, out = [];
+  const contained = (el) => { for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      const o = getComputedStyle(a).overflowX; if (o !== 'visible') return a.getBoundingClientRect().right <= W + 1; }
+    return false; };
+  for (const el of document.querySelectorAll('body *')) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.right <= W + 1 || getComputedStyle(el).visibility === 'hidden' || contained(el)) continue;
+    if (el.closest('[hidden], .bd-sidebar-primary, .bd-sidebar-secondary, dialog:not([open])')) continue;
+    out.push(`${el.tagName.toLowerCase()}${el.id ? '#' + el.id : ''}.${String(el.className).split(' ')[0]} reaches ${Math.round(r.right)} px`);
+  }
+  return out.slice(0, 8);
+}"""
+
+FIGURES_JS = """() => [...document.querySelectorAll('article img, .bd-article img')].map(img => {
+  const fig = img.closest('figure');
+  const cap = fig ? fig.querySelector('figcaption') : null;
+  return {src: img.getAttribute('src'), alt: img.getAttribute('alt') || '', width: img.getBoundingClientRect().width,
+          caption: cap ? cap.textContent.trim() : ''};
+})"""
+
+EXPLORER_LABELS_JS = """() => [...document.querySelectorAll('.labkit-explorer svg, .labkit-calc svg')].flatMap(svg => {
+  const vb = svg.viewBox.baseVal, scale = vb && vb.width ? svg.getBoundingClientRect().width / vb.width : 1;
+  return [...svg.querySelectorAll('text')].filter(t => t.getBoundingClientRect().width > 0)
+    .map(t => parseFloat(getComputedStyle(t).fontSize) * scale);
+})"""
+
+
+def _audit(browser, base, page, width) -> list[str]:
+    pg, errors, outside = _open(browser, base, page, width)
+    bad = [f"console error: {e}" for e in errors] + [f"request left the site: {u}" for u in outside]
+    if width <= 400:
+        bad += [f"wider than the {width} px screen: {x}" for x in pg.evaluate(OVERFLOW_JS)]
+    if width == WIDTHS[0]:   # figures: captions, alt text and label sizes (checked at both widths)
+        html = pg.content()
+        if "jupyter-widgets/embed-amd.js" in html or "application/vnd.jupyter.widget-view+json" in html:
+            bad.append("ipywidgets output: controls that look live and answer nothing on the static page")
+    for f in pg.evaluate(FIGURES_JS):
+        name = f["src"].rsplit("/", 1)[-1]
+        if not f["caption"]:
+            bad.append(f"figure {name} has no caption")
+        if len(f["alt"].strip()) < 12 or HASH_ALT.search(f["alt"].strip()):
+            bad.append(f"figure {name} has no real alt text ({f['alt']!r})")
+        if f["src"].endswith(".svg") and f["width"] > 0:
+            svg = (HTML / page).parent.joinpath(f["src"].split("?")[0]).resolve().read_text()
+            px = smallest_label_px(svg, column_px=f["width"])
+            if px < MIN_LABEL_PX:
+                bad.append(f"figure {name}: smallest label {px:.1f} px at {width} px (< {MIN_LABEL_PX})")
+    sizes = pg.evaluate(EXPLORER_LABELS_JS)
+    if sizes and min(sizes) < MIN_LABEL_PX:
+        bad.append(f"an explorer label is {min(sizes):.1f} px at {width} px (< {MIN_LABEL_PX})")
+    pg.context.close()
+    return [f"{width} px: {b}" for b in bad]
+
+
+PAGES = _pages() if HTML.exists() else []
+
+
+@pytest.mark.parametrize("page", PAGES or [pytest.param("none", marks=pytest.mark.skip(
+    reason="the book is not built: run `jupyter-book build . -W -n --keep-going` first"))])
+def test_page_reads_cleanly(site, page):
+    browser, base = site
+    bad = [b for width in WIDTHS for b in _audit(browser, base, page, width)]
+    assert not bad, f"{page}: {len(bad)} problem(s)\n  " + "\n  ".join(bad)
+
+
+# -- the explorers and calculators, on the page that holds them all ------------------------------
+@pytest.fixture(scope="module")
+def tools(site):
+    browser, base = site
+    if not (HTML / "book" / "calculators.html").exists():
+        pytest.skip("no calculators page in the build")
+    pg, errors, outside = _open(browser, base, "book/calculators.html", 1400)
+    pg.errors, pg.outside = errors, outside
+    yield pg
+    pg.context.close()
+
+
+def _set(pg, box, name, value):
+    field = box.locator(f'[name="{name}"]')
+    tag = field.evaluate("e => e.tagName + ':' + (e.type || '')")
+    if tag.startswith("SELECT"):
+        options = field.evaluate("e => [...e.options].map(o => o.value)")
+        field.select_option(str(value) if str(value) in options else options[[str(o) for o in options].index(str(value))])
+    elif tag.endswith("range"):
+        choices = json.loads(field.get_attribute("data-choices"))
+        field.evaluate("(e, i) => { e.value = i; e.dispatchEvent(new Event('input', {bubbles: true})); }",
+                       choices.index(value))
+    elif tag.endswith("checkbox"):
+        field.set_checked(bool(value))
+    else:
+        field.fill(str(value))
+        field.press("Enter")
+
+
+def _value(box, key) -> float:
+    return float(box.locator(f'[data-key="{key}"]').first.get_attribute("data-value"))
+
+
+@pytest.mark.parametrize("name, p, m, v", [("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2), ("zb-h1", 3, 5, 1)])
+def test_pipeline_stepper_draws_the_simulated_schedule(tools, name, p, m, v):
+    box = tools.locator("figure[data-explorer=pipeline]").first
+    _set(tools, box, "schedule", name)
+    _set(tools, box, "p", p)
+    _set(tools, box, "m", m)
+    if name == "interleaved":
+        _set(tools, box, "v", v)
+    tools.wait_for_function("([s, k]) => document.querySelector(s).dataset.case === k",
+                            arg=["figure[data-explorer=pipeline]", f"{name}/{p}/{m}/{v}"])
+    sched = {"1f1b": lambda: schedules.one_f_one_b(p, m), "zb-h1": lambda: schedules.zb_h1(p, m),
+             "interleaved": lambda: schedules.interleaved(p, v, m)}[name]()
+    sim = simulate(sched)
+    drawn = box.evaluate("""b => [...b.querySelectorAll('svg.lx-timeline rect[data-action]')].map(r =>
+        [+r.dataset.rank, r.dataset.action, +r.dataset.start, +r.dataset.end,
+         +r.getAttribute('x') + +r.getAttribute('width'), +r.closest('svg').getAttribute('width')])""")
+    assert sorted(d[:4] for d in drawn) == sorted([e.rank, str(e.action), e.start, e.end] for e in sim.timeline)
+    assert max(d[3] for d in drawn) == sim.makespan                    # the whole span is drawn ...
+    assert all(d[4] <= d[5] + 1e-6 for d in drawn)                     # ... inside the picture
+    assert _value(box, "bubble") == pytest.approx(sim.bubble_fraction, rel=1e-12)
+    assert [_value(box, f"peak{r}") for r in range(p)] == sim.peak_in_flight
+    # step back to t = 5: what each rank holds then, counted here from the simulated timeline
+    for _ in range(int(sim.makespan) - 5):
+        box.locator("button[aria-label='step back']").click()
+    last = "W" if name == "zb-h1" else "B"
+    held = [sum(e.action.kind == "F" and e.start < 5 for e in sim.timeline if e.rank == r)
+            - sum(e.action.kind == last and e.end <= 5 for e in sim.timeline if e.rank == r) for r in range(p)]
+    assert box.get_attribute("data-t") == "5"
+    assert [_value(box, f"inflight{r}") for r in range(p)] == held
+
+
+def test_pipeline_stepper_shows_the_rule_it_breaks(tools):
+    box = tools.locator("figure[data-explorer=pipeline]").first
+    for k, x in (("schedule", "interleaved"), ("p", 4), ("v", 2), ("m", 6)):
+        _set(tools, box, k, x)
+    with pytest.raises(ValueError) as err:
+        schedules.interleaved(4, 2, 6)
+    assert box.locator('[data-key="error"]').inner_text() == f"rule: {err.value}"
+
+
+def _memory_expected(v):
+    """labkit.calc's answer for the memory explorer's inputs, built here from labkit.calc alone."""
+    model = calc.model(v["model"]).with_(seq_length=v["seq_length"])
+    tp, pp, cp, dp, mb = (v[k] for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                         "context_parallel_size", "data_parallel_size", "micro_batch_size"))
+    par = calc.ParallelConfig(
+        world_size=tp * pp * cp * dp, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        context_parallel_size=cp, expert_model_parallel_size=v["expert_model_parallel_size"],
+        sequence_parallel=v["sequence_parallel"], micro_batch_size=mb,
+        global_batch_size=v["num_microbatches"] * mb * dp, zero_stage=v["zero_stage"],
+        use_distributed_optimizer=v["zero_stage"] >= 1,
+        num_layers_per_virtual_pipeline_stage=(model.num_layers // pp // v["virtual_stages"]
+                                               if v["virtual_stages"] > 1 else None),
+        recompute_granularity=None if v["recompute_granularity"] == "none" else v["recompute_granularity"])
+    rows = calc.memory_per_stage(model, par, calc.PRECISIONS[v["precision"]], attention=v["attention"])
+    est = calc.megatron_estimate(par.world_size, **calc.flops.megatron_kwargs(model, par))
+    return rows, est
+
+
+@pytest.mark.parametrize("changes", [
+    {"tensor_model_parallel_size": 4},                                             # precomputed
+    {"recompute_granularity": "full", "attention": "math", "pipeline_model_parallel_size": 8,
+     "virtual_stages": 2},                                                         # Python in the page
+    {"model": "llama3-70b", "seq_length": 8192, "context_parallel_size": 4, "zero_stage": 3,
+     "sequence_parallel": False},
+])
+def test_memory_explorer_equals_labkit_calc(tools, changes):
+    box = tools.locator("figure[data-explorer=memory]").first
+    config = json.loads(box.get_attribute("data-config"))
+    for k, x in {**config["values"], **changes}.items():
+        _set(tools, box, k, x)
+    values = {**config["values"], **changes}
+    key = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    tools.wait_for_function("([s, k]) => { const b = document.querySelector(s); "
+                            "return b.dataset.state === 'ready' && b.dataset.inputs === k; }",
+                            arg=["figure[data-explorer=memory]", key], timeout=180_000)
+    rows, est = _memory_expected(values)
+    shown = list(range(len(rows))) if len(rows) <= 16 else [0, 1, 2, len(rows) - 1]
+    for i in shown:
+        for k in ("params", "grads", "optimizer", "activations", "total"):
+            if rows[i][k] > 0:
+                assert _value(box, f"stage{i}_{k}") == pytest.approx(rows[i][k], rel=1e-12), (i, k)
+    assert _value(box, "peak") == pytest.approx(max(r["total"] for r in rows), rel=1e-12)
+    assert _value(box, "megatron_activation") == pytest.approx(est["activation_bytes"], rel=1e-12)
+    assert _value(box, "megatron_weight") == pytest.approx(est["weight_and_optimizer_bytes"], rel=1e-12)
+    formula = box.locator(".lx-megatron b").inner_text()
+    assert ("without-SP" in formula) == (est["activation_formula"] == "without SP")
+    if changes.get("recompute_granularity") == "full":
+        assert "no case for full recompute" in box.locator(".lx-megatron").inner_text()
+    assert re.search(r"\d (GiB|MiB|TiB)", box.locator('[data-key="peak"]').inner_text())
+
+
+def test_memory_explorer_shows_the_rule_it_breaks(tools):
+    box = tools.locator("figure[data-explorer=memory]").first
+    _set(tools, box, "model", "gpt2-1.5b")
+    _set(tools, box, "seq_length", 1024)
+    _set(tools, box, "pipeline_model_parallel_size", 1)
+    _set(tools, box, "tensor_model_parallel_size", 2)
+    tools.wait_for_function("s => document.querySelector(s).querySelector('[data-key=error]')",
+                            arg="figure[data-explorer=memory]", timeout=180_000)
+    with pytest.raises(ValueError) as err:
+        calc.validate(calc.model("gpt2-1.5b"), calc.ParallelConfig(
+            world_size=2 * 8, tensor_model_parallel_size=2, global_batch_size=8 * 128))
+    assert str(err.value) in box.locator('[data-key="error"]').inner_text()
+
+
+def _layouts():
+    for world in (8, 16, 32, 64):
+        for tp in (1, 2, 4, 8):
+            for cp in (1, 2, 4):
+                for pp in (1, 2, 4, 8):
+                    for ep in (1, 2, 4, 8):
+                        yield world, tp, cp, pp, ep
+
+
+def test_rank_grid_javascript_equals_topology(tools):
+    axes = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "mp", "etp_ep"]
+    layouts = list(_layouts())
+    got = tools.evaluate("""([layouts, axes]) => layouts.map(([w, tp, cp, pp, ep]) => {
+        try { const t = window.labkitExplorers.topology(w, tp, pp, cp, ep);
+              return Object.fromEntries(axes.map(a => [a, t.groups(a)])); }
+        catch (e) { return {error: e.message}; } })""", [layouts, axes])
+    for (world, tp, cp, pp, ep), js in zip(layouts, got):
+        try:
+            t = Topology(world, tp=tp, pp=pp, cp=cp, ep=ep)
+        except ValueError as err:
+            assert js == {"error": str(err)}, (world, tp, cp, pp, ep)
+            continue
+        assert js == {a: t.groups(a) for a in axes}, (world, tp, cp, pp, ep)
+
+
+@pytest.mark.parametrize("world, tp, cp, pp, ep, rank", [(16, 2, 1, 2, 1, 5), (32, 4, 2, 2, 2, 13), (64, 8, 1, 4, 2, 42)])
+def test_rank_grid_shows_topology_groups(tools, world, tp, cp, pp, ep, rank):
+    box = tools.locator("figure[data-explorer=rank-grid]").first
+    for k, x in (("world_size", world), ("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep)):
+        _set(tools, box, k, x)
+    box.locator(f'button[data-rank="{rank}"]').click()
+    t = Topology(world, tp=tp, pp=pp, cp=cp, ep=ep)
+    assert _value(box, "dp") == t.dp
+    for axis in ("tp", "cp", "dp", "pp") + (("ep", "edp") if ep > 1 else ()):
+        if t.size(axis) > 1:
+            shown = json.loads(box.locator(f'[data-key="group_{axis}"]').get_attribute("data-value"))
+            assert shown == t.group_of(axis, rank), axis
+    # the colours: ranks share a colour exactly when Topology puts them in one tp group
+    groups = box.evaluate("b => [...b.querySelectorAll('button[data-rank]')].map(x => +x.dataset.group)")
+    for g in t.groups("tp"):
+        assert len({groups[r] for r in g}) == 1
+
+
+# -- the calculators -------------------------------------------------------------------------------
+def _calc(pg, name, values: dict):
+    sel = f'.labkit-calc[data-calc="{name}"]'
+    box = pg.locator(sel)
+    for k, x in values.items():
+        _set(pg, box, k, x)
+    pg.wait_for_function("s => document.querySelector(s).dataset.state === 'ready'", arg=sel, timeout=180_000)
+    return box
+
+
+def _inputs(box) -> dict:
+    return json.loads(box.get_attribute("data-inputs"))
+
+
+def test_batch_calculator_equals_labkit_calc(tools):
+    v = {"model": "gpt3-175b", "world_size": 64, "tensor_model_parallel_size": 4,
+         "pipeline_model_parallel_size": 4, "micro_batch_size": 2, "global_batch_size": 256}
+    box = _calc(tools, "batch", v)
+    got = _inputs(box)
+    assert all(got[k] == x for k, x in v.items())
+    model = calc.model("gpt3-175b")
+    par = calc.ParallelConfig(world_size=64, tensor_model_parallel_size=4, pipeline_model_parallel_size=4,
+                              micro_batch_size=2, global_batch_size=256)
+    b = calc.batch_math(model, par)
+    assert _value(box, "data_parallel_size") == b["data_parallel_size"] == 4
+    assert _value(box, "num_microbatches") == b["num_microbatches"] == 32
+    assert _value(box, "tokens_per_step") == b["tokens_per_step"]
+    assert _value(box, "bubble") == pytest.approx(calc.bubble_fraction(4, 32), rel=1e-12)
+    assert box.locator('[data-key="bubble"]').inner_text().endswith("%")
+
+
+def test_batch_calculator_says_what_is_wrong(tools):
+    box = _calc(tools, "batch", {"tensor_model_parallel_size": 5})
+    assert "world_size divisible by TP*PP*CP" in box.locator('[data-key="error"]').inner_text()
+    box = _calc(tools, "batch", {"tensor_model_parallel_size": ""})
+    assert '"TP" is empty' in box.locator('[data-key="error"]').inner_text()
+    assert "NaN" not in box.inner_text()
+    box = _calc(tools, "batch", {"tensor_model_parallel_size": 4})
+    assert box.locator('[data-key="error"]').count() == 0
+
+
+def test_typing_recomputes_once(tools):
+    sel = '.labkit-calc[data-calc="batch"]'
+    box = tools.locator(sel)
+    before = int(box.get_attribute("data-updates"))
+    box.locator('[name="global_batch_size"]').fill("")
+    box.locator('[name="global_batch_size"]').type("512", delay=40)   # three keystrokes
+    tools.wait_for_function("([s, n]) => +document.querySelector(s).dataset.updates > n", arg=[sel, before])
+    tools.wait_for_timeout(800)
+    assert int(box.get_attribute("data-updates")) == before + 1
+    assert _inputs(box)["global_batch_size"] == 512
+
+
+@pytest.mark.parametrize("changes", [
+    {"pipeline_model_parallel_size": 8, "recompute_granularity": "full", "cluster": "dgx-h100"},
+    {"model": "llama3-70b", "world_size": 512, "tensor_model_parallel_size": 8, "sequence_parallel": True,
+     "pipeline_model_parallel_size": 4, "global_batch_size": 512, "zero_stage": "3", "seq_length": 4096,
+     "attention": "math"},
+])
+def test_memory_calculator_equals_labkit_calc(tools, changes):
+    box = _calc(tools, "memory", changes)
+    v = _inputs(box)
+    model = calc.model(v["model"])
+    model = model.with_(seq_length=v["seq_length"]) if v["seq_length"] else model
+    z = int(v["zero_stage"])
+    par = calc.ParallelConfig(
+        world_size=v["world_size"], tensor_model_parallel_size=v["tensor_model_parallel_size"],
+        pipeline_model_parallel_size=v["pipeline_model_parallel_size"],
+        num_layers_per_virtual_pipeline_stage=v["num_layers_per_virtual_pipeline_stage"] or None,
+        context_parallel_size=v["context_parallel_size"], expert_model_parallel_size=v["expert_model_parallel_size"],
+        sequence_parallel=v["sequence_parallel"], micro_batch_size=v["micro_batch_size"],
+        global_batch_size=v["global_batch_size"], zero_stage=z, use_distributed_optimizer=z >= 1,
+        recompute_granularity=None if v["recompute_granularity"] == "none" else v["recompute_granularity"])
+    prec = calc.PRECISIONS[v["precision"]]
+    rows = calc.memory_per_stage(model, par, prec, attention=v["attention"])
+    for r in (rows[0], rows[-1]):
+        for k in ("params", "grads", "optimizer", "activations", "total"):
+            assert _value(box, f"stage{r['stage']}_{k}") == pytest.approx(r[k], rel=1e-12), (r["stage"], k)
+    est = calc.megatron_estimate(par.world_size, **calc.flops.megatron_kwargs(model, par))
+    assert _value(box, "megatron_activation") == pytest.approx(est["activation_bytes"], rel=1e-12)
+    assert _value(box, "flops") == pytest.approx(calc.model_flops_per_iteration(model, par), rel=1e-12)
+    assert re.fullmatch(r"[\d.]+ (E|P|T)FLOP", box.locator('[data-key="flops"]').inner_text())
+    c = calc.CLUSTERS[v["cluster"]]
+    t = calc.step_time(model, par, c.with_(nodes=par.world_size // c.gpus_per_node), prec)
+    assert _value(box, "step_time") == pytest.approx(t["step_time"], rel=1e-12)
+    assert re.fullmatch(r"[\d.]+ (ms|s)", box.locator('[data-key="step_time"]').inner_text())
+
+
+def test_planner_equals_labkit_calc(tools):
+    box = _calc(tools, "planner", {"nodes": 64})
+    v = _inputs(box)
+    model = calc.model(v["model"]).with_(seq_length=v["seq_length"]) if v["seq_length"] else calc.model(v["model"])
+    result = calc.plan(model, calc.cluster(v["cluster"], 64), v["global_batch_size"], recompute=("selective", "full"),
+                       attention=v["attention"])
+    assert _value(box, "n_fit") == len(result["ranked"]) > 0
+    assert _value(box, "plan0_tokens_per_s") == pytest.approx(result["ranked"][0]["tokens_per_s"], rel=1e-12)
+
+
+def test_tools_page_is_clean(tools):
+    assert tools.outside == [], f"fetched from outside: {tools.outside}"
+    assert tools.errors == [], tools.errors
