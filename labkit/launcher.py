@@ -270,7 +270,12 @@ def _run_in_process(fn, world_size, args, kwargs, backend, collective_timeout, a
         dist.init_process_group(backend, **launch_rank.process_group_kwargs(
             backend, local_rank, collective_timeout))
         atexit.register(_leave_together)  # a live group torn down at exit aborts the process
-    out = to_cpu(fn(*args, **kwargs))
+    try:
+        out = to_cpu(fn(*args, **kwargs))
+    except BaseException:
+        # a failed rank leaves at once: the exit barrier would wait for ranks that wait for it
+        atexit.unregister(_leave_together)
+        raise
     gathered = [None] * world_size
     dist.all_gather_object(gathered, out)
     return gathered

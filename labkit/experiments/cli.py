@@ -18,6 +18,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="print the equivalent pretrain_gpt.py command instead of running")
     run.add_argument("--outdir", default="outdir", help="logs go to OUTDIR/<ID>/logs.txt")
     run.add_argument("--train-iters", type=int, default=None, help="default: cpu 4, full 100")
+    run.add_argument("--slurm", action="store_true", help="write OUTDIR/<ID>/job.sbatch, an sbatch "
+                     "script that runs it on Slurm, instead of running (labkit/experiments/slurm.py)")
+    run.add_argument("--nodes", type=int, default=None, help="with --slurm: nodes to spread the ranks over")
     run.add_argument("--verbose", action="store_true", help="on a rank's failure, also its traceback")
     rep = sub.add_parser("report", help="every run beside the tutorial's measurements and labkit.calc")
     rep.add_argument("--outdir", default="outdir")
@@ -45,6 +48,9 @@ def main(argv=None) -> int:
         elif args.command == "report":
             from .report import format_table, report
             print(format_table(report(args.outdir, only_runs=args.runs_only)))
+        elif args.slurm:
+            from .slurm import main as slurm_main
+            return slurm_main(args.id, args.scale, args.nodes, args.outdir, args.train_iters)
         elif args.megatron:
             from .catalogue import get
             from .runner import megatron_command
