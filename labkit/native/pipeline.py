@@ -20,7 +20,6 @@ by the schedule (``scale_grads=True``: each microbatch's loss is a mean, the ste
 """
 from __future__ import annotations
 
-from ..model import lm_loss
 from .options import V_SHAPED
 
 
@@ -68,6 +67,8 @@ def build_stages(model, pp_group, schedule: str, v: int, device) -> list:
 def build_schedule(schedule: str, stages: list, n_microbatches: int):
     """A torch schedule over ``stages`` whose loss is labkit's mean cross-entropy per microbatch."""
     from torch.distributed.pipelining.schedules import get_schedule_class
+
+    from ..model import lm_loss
     cls = get_schedule_class(schedule)
     one = stages[0] if schedule == "1F1B" else stages
     return cls(one, n_microbatches, loss_fn=lm_loss, scale_grads=True)

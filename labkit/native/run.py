@@ -119,7 +119,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
     counter, calls = ByteCounter(axis_groups(mesh)), {}
     tokens = data.load_tokens() if cfg.data_path is None else None
     gbs = cfg.global_batch(topo)
-    losses, norms, times, grads = [], [], [], None
+    losses, norms, times, grads, per_step = [], [], [], None, []
     for it in range(steps):
         t0 = now()
         mbs = local_microbatches(cfg, topo, coords["dp"], it, seed, tokens, steps * gbs)
@@ -130,6 +130,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
             loss = forward_backward(cfg, topo, parts, stages, sched, mbs, opts)
         for op, n in (comm_debug_counts(debug) if sched is None else {}).items():
             calls[op] = calls.get(op, 0) + n
+        per_step.append(counter.table())         # running totals; per step: differences
         if capture_grads and it == 0:
             grads = full_grads([(n, p) for part in parts for n, p in part.named_parameters()], coords)
         norm = grad_norm(params, coords)
@@ -140,7 +141,8 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
         times.append((now() - t0) * 1e3)
         if rank == 0 and log_line is not None and log_interval and ((it + 1) % log_interval == 0 or it + 1 == steps):
             send_to_parent(log_line(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs, losses[-1], norm))
-    extra = {"coords": coords, "comm": counter.table(), "comm_debug": calls if sched is None else None,
+    extra = {"coords": coords, "comm": counter.table(), "comm_last_step": _difference(per_step),
+             "comm_debug": calls if sched is None else None,
              "memory": None,
              "implementation": "native", "schedule": schedule_of(cfg, opts)}
     return {"losses": losses, "grad_norms": norms, "iteration_ms": times, "extra": extra,
@@ -154,3 +156,16 @@ def _global_loss(loss, coords: dict, topo) -> float:
     t = torch.tensor([float(mine)], dtype=torch.float64)
     dist.all_reduce(t)
     return float(t) / topo.dp
+
+
+def _difference(tables: list) -> dict:
+    """The last step's counts: the last running total minus the one before (the first step of a
+    pipeline also carries the stages' shape inference)."""
+    last, before = tables[-1], (tables[-2] if len(tables) > 1 else {})
+    out = {}
+    for axis, ops in last.items():
+        for op, c in ops.items():
+            b = before.get(axis, {}).get(op, {"calls": 0, "bytes": 0.0})
+            if c["calls"] - b["calls"]:
+                out.setdefault(axis, {})[op] = {"calls": c["calls"] - b["calls"], "bytes": c["bytes"] - b["bytes"]}
+    return out
