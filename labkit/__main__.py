@@ -30,19 +30,44 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     ap.add_argument("--log-interval", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
+    ap.add_argument("--verbose", action="store_true",
+                    help="on a rank's failure, also print its traceback and captured output")
     ap.add_argument("--max-position-embeddings", type=int, default=None,
                     help="accepted as in Megatron; the model has --seq-length positions")
+    ap.add_argument("--lr-decay-style", choices=["constant"], default="constant",
+                    help="accepted as in Megatron; labkit's learning rate is constant")
+    ap.add_argument("--split", choices=["100,0,0"], default="100,0,0",
+                    help="accepted as in Megatron; labkit trains on the whole --data-path file")
     for f in dataclasses.fields(TrainConfig):
         if f.type in ("bool", bool):
             ap.add_argument(_flag(f.name), dest=f.name, action="store_true", default=f.default)
+        elif f.name == "moe_layer_freq":   # an int or Megatron's pattern: parsed with num_layers known
+            ap.add_argument(_flag(f.name), dest=f.name, type=str, default=f.default)
         else:
             kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0], str)
             ap.add_argument(_flag(f.name), dest=f.name, type=kind, default=f.default)
     return ap
 
 
+def _exit_on_hangup() -> None:
+    """SIGTERM and SIGHUP (a closed terminal, a scheduler's stop) unwind like Ctrl-C: launch's
+    cleanup stops the ranks. (SIGKILL cannot be caught: the ranks' watchdogs handle that.)"""
+    import signal
+    import threading
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in ("SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), leave)
+
+
 def train_main(argv) -> int:
     from .config import TrainConfig
+    from .launch_collect import LaunchTimeout, RankFailed
     from .training import train
     args = vars(train_parser().parse_args(argv))
     world = args.pop("world_size")
@@ -50,19 +75,32 @@ def train_main(argv) -> int:
         world = int(os.environ.get("WORLD_SIZE", 1))
     steps, seed = args.pop("steps"), args.pop("seed")
     backend, log_interval = args.pop("backend"), args.pop("log_interval")
+    timeout, verbose = args.pop("timeout"), args.pop("verbose")
     max_pos = args.pop("max_position_embeddings")
+    args.pop("lr_decay_style"), args.pop("split")      # what to_flags writes: labkit's only choices
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     config = {k: v for k, v in args.items() if v != defaults[k]}
     try:
+        if isinstance(config.get("moe_layer_freq"), str):
+            from .calc.moe import parse_layer_freq
+            config["moe_layer_freq"] = parse_layer_freq(config["moe_layer_freq"],
+                                                        config.get("num_layers", defaults["num_layers"]))
         if max_pos is not None:  # Megatron's rule, checked by the one rule book in its place
             from .calc.config import validate
             model, par = TrainConfig(**config).megatron_view(world)
             validate(model.with_(max_position_embeddings=max_pos), par)
+        _exit_on_hangup()
         result = train(world_size=world, steps=steps, seed=seed, backend=backend,
-                       log_interval=log_interval, **config)
+                       log_interval=log_interval, timeout=timeout, **config)
     except ValueError as e:  # a bad layout: say which rule, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (RankFailed, LaunchTimeout) as e:   # one line; the whole story under --verbose
+        print(f"error: {e.summary if isinstance(e, RankFailed) else str(e).splitlines()[0]}"
+              f"{'' if verbose else ' (--verbose: traceback and output)'}", file=sys.stderr)
+        if verbose:
+            print(str(e), file=sys.stderr)
+        return 1
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"final lm loss: {result.losses[-1]:.6f}")
     return 0

@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass, fields, replace
 
-from .calc import config as megatron_rules
+from .calc import config as megatron_rules, hyperparams
 from .calc.moe import MoEArgs
 from .topology import Topology
 
@@ -224,6 +224,7 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
     """Megatron's rules (``labkit.calc.config.validate``), then labkit's refusals; returns the
     Topology. Raises ValueError naming the rule and the numbers."""
     _positive("world_size", world_size)
+    hyperparams.check_hyperparameters(cfg)       # types of every field, lr, betas, clip (labkit's)
     model, par = cfg.megatron_view(world_size)   # sizes positive, world divisible by tp*pp*cp
     megatron_rules.validate(model, par)          # Megatron's start-up rules, in one place
     cfg.model_config()                           # dropout in [0, 1)

@@ -10,7 +10,11 @@ Format (``megatron/core/datasets/indexed_dataset.py`` @ d98e8a64, ``_IndexWriter
 
 Document indices are sequence indices: 0, then the end of each document (one sequence per document
 unless sentences were split). Reading checks every size and offset and names the file and the
-fault; it never returns a silently wrong array. The .bin is memory-mapped (numpy.memmap).
+fault; it never returns a silently wrong array. The .bin is memory-mapped (numpy.memmap) only
+after its size matches the index, and every batch re-checks the size first (``check_size``): a
+.bin truncated while a run holds it is a ValueError naming the file. What no check can prevent:
+a truncation between that check and the read of the pages past the new end, which the kernel
+answers with SIGBUS (the launcher then names the signal, and faulthandler prints the stack).
 
 Sampling (``megatron/core/datasets/gpt_dataset.py`` and ``helpers.cpp:build_sample_idx`` @ d98e8a64):
 the sequences are shuffled per epoch with ``numpy.random.RandomState(seed)`` into one token stream;
@@ -128,8 +132,17 @@ class IndexedDataset(Sequence):
             state = "truncated" if size < total else "has extra bytes"
             raise ValueError(f"{bin_}: {state}: {size} bytes, the index ({idx.name}) needs {total} "
                              f"({int(total // self.dtype.itemsize)} tokens of {self.dtype.name})")
+        self.bin_path, self.bin_bytes = bin_, total
         self.tokens = (np.memmap(bin_, dtype=self.dtype, mode="r") if total
                        else np.zeros(0, self.dtype))
+
+    def check_size(self) -> None:
+        """The .bin still has the size the index gives (a mapped page past a shrunk file's end
+        would be a SIGBUS, not an exception); a ValueError naming the file otherwise."""
+        size = os.path.getsize(self.bin_path)
+        if size != self.bin_bytes:
+            raise ValueError(f"{self.bin_path}: now {size} bytes, {self.bin_bytes} when opened (the index "
+                             f"needs that many): the file changed while in use")
 
     def __len__(self) -> int:
         return len(self.sequence_lengths)
@@ -232,6 +245,7 @@ def get_batch(dataset, iteration: int, global_batch_size: int, seq_length: int, 
     (None: one epoch, enough for ``(tokens - 1) // seq_length`` samples)."""
     samples = _samples(dataset, seq_length, seed, num_samples)
     ds = samples.dataset
+    ds.check_size()                                                 # before touching mapped pages
     first = iteration * global_batch_size
     if first + global_batch_size > samples.num_samples:
         raise ValueError(f"iteration {iteration} needs samples up to {first + global_batch_size}; "

@@ -22,14 +22,27 @@ Everything here runs inside one rank, spawned by ``launch`` or started by ``torc
   (``launch(..., allow_tf32=True)``: faster fp32 matmuls, looser parity).
 * **Results.** :func:`to_cpu` moves tensors to the CPU before they leave the rank, so the caller
   never receives CUDA tensors (which it could not mix with its own CPU tensors).
+* **Nothing outlives the caller.** A rank's output goes to an unnamed temporary file the caller
+  opened (no folder to leave behind). Each rank watches a pipe whose only write end the caller
+  holds (:func:`watch_caller`): the caller's death, by any signal, closes it, and the rank exits at
+  once. The forkserver polls its parent (:func:`_watch_forkserver_parent`, armed when it imports
+  this module as its preload) and exits when the caller is gone; on Linux every rank also asks the
+  kernel for SIGKILL when the forkserver dies (``PR_SET_PDEATHSIG``), so a rank stuck in C code
+  that holds the GIL goes too. On macOS (no PR_SET_PDEATHSIG) the pipe and the polling hold; a
+  rank stuck holding the GIL would outlive the caller there. The resource tracker exits by itself
+  once no process holds its pipe.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import datetime
+import faulthandler
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 
 import cloudpickle
@@ -133,12 +146,102 @@ def to_cpu(obj, _memo=None):
     return out
 
 
+class InheritedFd:
+    """A file descriptor of the caller, handed to a rank through the forkserver (as
+    multiprocessing hands over a Connection: ``reduction.DupFd`` while the rank is started)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        return _inherited, (reduction.DupFd(self.fd),)
+
+
+def _inherited(dup) -> InheritedFd:
+    return InheritedFd(dup.detach())
+
+
+def _pdeathsig() -> None:
+    """Linux: SIGKILL this process when its parent (the forkserver) dies; elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:   # the parent died before the request took effect
+        os._exit(1)
+
+
+def watch_caller(alive) -> threading.Thread:
+    """Exit this rank at once when the caller dies: ``alive`` is the read end of a pipe whose only
+    write end the caller holds, so it reads EOF when the caller is gone (any signal, SIGKILL
+    included) or has finished with the ranks."""
+    def watch():
+        try:
+            alive.poll(None)          # returns on EOF; the caller never writes
+        except (OSError, EOFError):
+            pass
+        os._exit(1)
+    thread = threading.Thread(target=watch, name="labkit-caller-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def _watch_forkserver_parent(poll: float = 0.2) -> None:
+    """In the forkserver: exit when the caller that started it is gone (its parent changes). Its
+    ranks then follow (their pipe; on Linux also PR_SET_PDEATHSIG). multiprocessing's own test
+    (EOF on its "alive" pipe) fails here: every forked rank holds a copy of that pipe's write end."""
+    caller = os.getppid()
+
+    def watch():
+        while os.getppid() == caller:
+            time.sleep(poll)
+        _remove_listener()
+        os._exit(1)
+    threading.Thread(target=watch, name="labkit-forkserver-watchdog", daemon=True).start()
+
+
+def _remove_listener() -> None:
+    """The forkserver's socket file and multiprocessing's pymp-* folder around it, which the dead
+    caller's exit handler would have removed (Python < 3.12 on Linux, macOS: a path, not an
+    abstract socket)."""
+    from multiprocessing import forkserver
+    address = getattr(forkserver._forkserver, "_forkserver_address", None)
+    if isinstance(address, str) and address and not address.startswith("\0"):
+        folder = os.path.dirname(address)
+        for remove, path in ((os.unlink, address), (os.rmdir, folder)):   # the folder only if empty
+            try:
+                if remove is os.unlink or os.path.basename(folder).startswith("pymp-"):
+                    remove(path)
+            except OSError:
+                pass
+
+
+def _imported_by_forkserver() -> bool:
+    """True while multiprocessing's forkserver imports its preload modules (this one among them)."""
+    from multiprocessing import forkserver
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is forkserver.main.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeout, allow_tf32,
-              env, payload, results_q, log_path):
-    """Entry point of a spawned rank: capture output, set up, join the group, run, report."""
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
+              env, payload, results_q, log, alive):
+    """Entry point of a spawned rank: watch the caller, capture output, set up, join the group,
+    run, report. ``log``: an InheritedFd of the caller's temporary file; ``alive``: see watch_caller."""
+    watch_caller(alive)
+    _pdeathsig()
+    os.dup2(log.fd, 1)
+    os.dup2(log.fd, 2)
+    os.close(log.fd)
+    faulthandler.enable()                 # SIGSEGV/SIGBUS: the Python stack, in the captured output
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     os.environ.clear()                    # the forkserver's environment is the first launch's:
@@ -166,3 +269,7 @@ def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeou
         results_q.join_thread()
         # after a failure the group is left as it is: the caller stops this process (an NCCL
         # teardown with a dead peer can block)
+
+
+if _imported_by_forkserver():
+    _watch_forkserver_parent()

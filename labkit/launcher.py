@@ -26,9 +26,11 @@ ranks stopped); ``collective_timeout`` is how long one collective may wait for i
 process group's timeout, NCCL's watchdog), after which that rank fails (:class:`RankFailed`).
 
 Failures become one exception in the caller: :class:`RankFailed` names the rank, its traceback and
-its captured output, after every other rank is stopped. Ranks' prints are captured to files, not
-shown, and come back in the error message; ``live_output=True`` (or ``LABKIT_LIVE_OUTPUT=1``) also
-prints them as they come, each line prefixed ``[rank r]``, for debugging.
+its captured output, after every other rank is stopped (``.summary``: one line). Ranks' prints are
+captured to unnamed temporary files, not shown, and come back in the error message;
+``live_output=True`` (or ``LABKIT_LIVE_OUTPUT=1``) also prints them as they come, each line prefixed
+``[rank r]``, for debugging. A world the machine cannot hold is refused before anything is forked
+(``launch_collect.check_capacity``), and nothing outlives a killed caller (``launch_rank``).
 
 Honest timings: :func:`synchronize` waits for queued GPU work (nothing on CPU); :func:`timer` and
 :func:`now` read the wall clock after it. Processes are forked from a forkserver that has imported
@@ -40,6 +42,7 @@ import atexit
 import contextlib
 import dataclasses
 import datetime
+import math
 import multiprocessing as mp
 import os
 import sys
@@ -51,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from . import launch_rank
-from .launch_collect import LaunchTimeout, LiveOutput, RankFailed, collect, stop
+from .launch_collect import LaunchTimeout, LiveOutput, RankFailed, check_capacity, collect, stop
 from .launch_rank import state, to_cpu
 
 __all__ = ["launch", "device", "backend_in_use", "choose_backend", "resolve_backend", "synchronize",
@@ -174,22 +177,25 @@ def send_to_parent(obj) -> None:
 # --------------------------------------------------------------------------------------------
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
            collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT, allow_tf32: bool = False,
-           live_output: bool | None = None, on_message=print, **kwargs) -> list:
+           live_output: bool | None = None, on_message=print, rank_memory_bytes: float = 0.0,
+           **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results in rank order.
 
     ``timeout``: seconds for the whole launch. ``collective_timeout``: seconds one collective may
     wait. ``allow_tf32``: keep TF32 matmuls (off by default, for fp32 parity). ``live_output``:
     also print ranks' output live (default: env ``LABKIT_LIVE_OUTPUT=1``). ``on_message``: called
-    with each object a rank passes to :func:`send_to_parent`.
+    with each object a rank passes to :func:`send_to_parent`. ``rank_memory_bytes``: host memory a
+    CPU rank will need besides the process (``labkit.preflight``), checked with the world size.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     for name, value in (("timeout", timeout), ("collective_timeout", collective_timeout)):
-        if not value or value <= 0:
-            raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     if under_torchrun():
         return _run_in_process(fn, world_size, args, kwargs, backend, collective_timeout, allow_tf32)
     backend = _auto_backend(world_size) if backend == "auto" else resolve_backend(backend, world_size)
+    check_capacity(world_size, 0.0 if launch_rank.uses_cuda(backend) else rank_memory_bytes)
     if live_output is None:
         live_output = os.environ.get("LABKIT_LIVE_OUTPUT", "") not in ("", "0")
 
@@ -202,28 +208,31 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                                 "labkit.launch_rank"])
     results_q = ctx.Queue()
     payload = cloudpickle.dumps((fn, args, kwargs))
-    logdir = tempfile.mkdtemp(prefix="labkit-launch-")
-    logs = [os.path.join(logdir, f"rank{r}.log") for r in range(world_size)]
+    # rank output: files without a name (nothing to clean up after a kill); ranks write through a
+    # shared descriptor, the caller reads with pread (no shared offset moves)
+    logs = [tempfile.TemporaryFile(prefix="labkit-rank") for _ in range(world_size)]
+    alive, alive_w = ctx.Pipe(duplex=False)   # the caller holds the only write end: see watch_caller
     caller_env = dict(os.environ)
     procs = [ctx.Process(target=launch_rank.rank_main, daemon=True, args=(
         r, world_size, backend, store.port, timeout, collective_timeout, allow_tf32,
         launch_rank.rank_env(caller_env, r, world_size, store.port, allow_tf32),
-        payload, results_q, logs[r])) for r in range(world_size)]
+        payload, results_q, launch_rank.InheritedFd(logs[r].fileno()), alive)) for r in range(world_size)]
     live = LiveOutput(logs) if live_output else None
     try:
         with _main_module_hidden():
             for p in procs:
                 p.start()
+        alive.close()
         return collect(procs, results_q, logs, timeout, on_message, live)
     finally:
         stop(procs)
+        alive.close()
+        alive_w.close()
         results_q.close()
         if live is not None:
             live.poll(final=True)
-        for path in logs:
-            if os.path.exists(path):
-                os.remove(path)
-        os.rmdir(logdir)
+        for f in logs:
+            f.close()
         del store
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import TrainConfig, train_config
+from .preflight import preflight
 
 
 @dataclass
@@ -63,6 +64,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
         cfg.validate(world_size)  # fails here, before any process starts
     else:
         check_native(cfg, world_size, native)   # and what PyTorch's APIs cannot express
+    rank_bytes = preflight(cfg, world_size, seed, log_interval)   # the data, seed, memory per rank
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
     from .launcher import launch
@@ -71,7 +73,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
         from .native.run import worker as fn
         extra = (native, format_iteration)
     outs = launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, *extra,
-                  backend=backend, timeout=timeout)
+                  backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     grads = None
     if capture_grads:
         from .parallelize import assemble

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from labkit.calc import megatron_estimate
-from labkit.calc.cli import _freq, main, parse_flags
+from labkit.calc.cli import main, parse_flags
 from labkit.calc.megatron_args import FLAGS
 from labkit.calc.megatron_flags import ESTIMATE_DEFAULTS
 
@@ -131,10 +131,12 @@ def test_vocabulary_from_the_tokenizer(capsys):
 
 
 def test_moe_layer_freq_is_parsed_as_megatron_parses_it():
-    assert _freq("([1]*3+[0]*1)*2") == [1, 1, 1, 0, 1, 1, 1, 0]
-    assert _freq("2") == 2
     used, _, _ = parse_flags(["--moe-layer-freq", "([0]+[1])*2"])
     assert used == {"moe_layer_freq": [0, 1, 0, 1]}
+    used, _, _ = parse_flags(["--moe-layer-freq", "[0]*3+[1]*58", "--num-layers", "61"])
+    assert used["moe_layer_freq"] == [0] * 3 + [1] * 58            # DeepSeek-V3's, as in Megatron's examples
+    with pytest.raises(ValueError, match=r"--moe-layer-freq: .* makes a list of 61 entries, more than num_layers 60"):
+        parse_flags(["--num-layers", "60", "--moe-layer-freq", "[0]*3+[1]*58"])
 
 
 def test_flag_table_is_megatrons():

@@ -156,7 +156,7 @@ def test_general_activation_formula_reduces_to_korthikanti(tp, sp, rec):
     m = ModelConfig(num_layers=2, hidden_size=256, num_attention_heads=8, seq_length=128)
     par = ParallelConfig(world_size=tp, tensor_model_parallel_size=tp, sequence_parallel=sp,
                          micro_batch_size=2, recompute_granularity=rec)
-    assert c.layer_activation_bytes(m, par, 2, dropout=True) == pytest.approx(
+    assert c.layer_activation_bytes(m, par, 2, dropout=True, attention="math") == pytest.approx(
         c.activation_bytes_per_layer(128, 2, 256, 8, tp, sp, rec), rel=1e-15)
 
 
@@ -164,7 +164,7 @@ def test_memory_per_stage_by_hand():
     # 2 stages x TP 1, DP 2 with ZeRO-1, fp32 (4 + 4 + 8), no dropout, 4 microbatches
     par = ParallelConfig(world_size=4, pipeline_model_parallel_size=2, micro_batch_size=2,
                          global_batch_size=16, zero_stage=1)
-    rows = c.memory_per_stage(TINY, par, c.FP32, dropout=False)
+    rows = c.memory_per_stage(TINY, par, c.FP32, dropout=False, attention="math")
     layer = 2 * 128 + (64 * 192 + 192) + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 64 + 64)
     first = 2 * layer + 256 * 64 + 32 * 64              # + word and position embeddings
     last = 2 * layer + 128 + 256 * 64                    # + final norm + tied copy of the embedding

@@ -5,6 +5,7 @@ the exported pretrain_gpt.py command, and the report.
 Full-scale runs need one GPU per rank (torchrun on a GPU node): not run here.
 """
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from labkit import calc
 from labkit.calc.cli import parse_flags
 from labkit.calc.config import PrecisionConfig
 from labkit.calc.megatron import megatron_estimate
@@ -23,7 +25,7 @@ from labkit.config import TrainConfig
 from labkit.experiments import CATALOGUE, get, runner
 from labkit.experiments.catalogue import MODELS
 from labkit.experiments.cli import main as cli_main
-from labkit.experiments.report import format_table, report
+from labkit.experiments.report import PRECISION, format_table, full_size_prediction, report
 from labkit.megatron_bridge import parse_log
 from labkit.reference import train_reference
 
@@ -127,6 +129,28 @@ def test_report_sets_each_run_beside_the_measurements_and_the_calculators(runs):
     assert meta["scale"] == "cpu" and meta["steps"] == STEPS
     table = format_table(df)
     assert table.count("\n") == len(df) + 1 and "| train-pp2-gpt2-large-2gpu | PP2 | cpu |" in table
+
+
+def test_h200_runs_are_fp16_and_predicted_at_16_bytes_per_parameter():
+    """--fp16 leaves Megatron's main grads in fp16 (accumulate_allreduce_grads_in_fp32 is turned on
+    only under --bf16): 2 + 2 + 12 = 16 B/param, not the 18 of a bf16 run."""
+    assert PRECISION["fp16"].bytes_per_param == 16 and PRECISION["bf16"].bytes_per_param == 18
+    assert [get(i).precision for i in NOTE_003] == ["fp16"] * 6 and {get(i).precision for i in NOTE_004} == {"bf16"}
+    for exp_id in NOTE_003:
+        e = get(exp_id)
+        as_bf16 = full_size_prediction(dataclasses.replace(e, precision="bf16"))["calc GiB/GPU"]
+        got = full_size_prediction(e)["calc GiB/GPU"]
+        m = calc.model("gpt2-774m").with_(num_attention_heads=16, kv_channels=80)
+        par = calc.ParallelConfig(world_size=e.gpus, tensor_model_parallel_size=e.tp, pipeline_model_parallel_size=e.pp,
+                                  context_parallel_size=e.cp, sequence_parallel=e.sequence_parallel,
+                                  micro_batch_size=e.micro_batch_size, global_batch_size=e.global_batch_size)
+        rows = calc.memory_per_stage(m, par, PRECISION["fp16"], attention="flash")
+        assert got * 2**30 == max(r["total"] for r in rows)
+        peak = max(rows, key=lambda r: r["total"])
+        assert (as_bf16 - got) * 2**30 == pytest.approx(2 * peak["num_params"], rel=1e-9)  # 2 B of grads
+    one = get("train-baseline-gpt2-large-1gpu")
+    gap = full_size_prediction(dataclasses.replace(one, precision="bf16"))["calc GiB/GPU"] - full_size_prediction(one)["calc GiB/GPU"]
+    assert round(gap, 2) == 1.44                      # per GPT-2 large replica
 
 
 @pytest.mark.parametrize("exp_id", NOTE_003 + NOTE_004)

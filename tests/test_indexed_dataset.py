@@ -201,3 +201,18 @@ def test_asking_past_the_built_samples_says_how_to_get_more(tmp_path):
         get_batch(str(tmp_path / "t"), 1, 4, 8)
     x, _ = get_batch(str(tmp_path / "t"), 1, 4, 8, num_samples=8)
     assert x.shape == (4, 8)
+
+
+def test_a_bin_truncated_while_mapped_is_a_value_error_not_sigbus(tmp_path):
+    """The size is checked against the index before mapping and before every batch (issue 24);
+    only a truncation between that check and the read stays a SIGBUS (module docstring)."""
+    prefix = str(tmp_path / "d")
+    write_indexed_dataset(prefix, [np.arange(500) % 256, np.arange(300) % 256], np.uint16)
+    ds = read_indexed_dataset(prefix)
+    get_batch(ds, 0, 2, 16, seed=1)                                   # mapped and read once
+    with open(prefix + ".bin", "r+b") as f:
+        f.truncate(100)                                              # under the map
+    with pytest.raises(ValueError, match=r"d\.bin: now 100 bytes, 1600 when opened .* changed while in use"):
+        get_batch(ds, 1, 2, 16, seed=1)
+    with pytest.raises(ValueError, match=r"d\.bin: truncated: 100 bytes, the index \(d\.idx\) needs 1600"):
+        read_indexed_dataset(prefix)                                  # and before mapping

@@ -126,3 +126,111 @@ def test_prefixed_lines_and_no_memory_reports():
     assert parse_line(line) == {"iteration": 5, "train_iters": 10, "time": "2026-01-02 03:04:05.000001",
                                 "lm_loss": 2.5}
     assert parse_memory("iteration 1/ 2 | lm loss: 1.0 |\n").empty
+
+
+# ---- issue 24: the bridge's last gaps ---------------------------------------------------------
+def test_moe_layer_freq_is_written_as_megatron_parses_it():
+    """No spaces: Megatron's moe_freq_type (_eval_pattern) refuses them ("invalid moe_freq_type")."""
+    import re
+
+    from labkit.__main__ import train_parser
+    from labkit.calc.cli import parse_flags
+    from labkit.calc.moe import parse_layer_freq
+    cfg = TrainConfig(num_layers=4, num_experts=4, moe_layer_freq=(1, 0, 1, 0))
+    flags = to_flags(cfg, steps=2)
+    text = _pairs(flags)["--moe-layer-freq"]
+    assert text == "[1,0,1,0]" and not re.search(r"[^,\d\[\]\(\)\+\*]", text)   # Megatron's own check
+    assert parse_flags(flags)[0]["moe_layer_freq"] == [1, 0, 1, 0]             # labkit estimate reads it
+    args = vars(train_parser().parse_args(flags))                              # and labkit train
+    assert parse_layer_freq(args["moe_layer_freq"], 4) == [1, 0, 1, 0]
+
+
+def test_data_path_writes_split_and_the_samplers_seed(tmp_path):
+    from labkit.indexed_dataset import make_tinyshakespeare_dataset
+    prefix = make_tinyshakespeare_dataset(str(tmp_path / "ts"))
+    cfg = TrainConfig(data_path=prefix)
+    f = _pairs(to_flags(cfg, steps=3, seed=1234))
+    assert f["--data-path"] == prefix and f["--split"] == "100,0,0" and f["--seed"] == "1234"
+    assert f["--lr-decay-style"] == "constant"                 # labkit's learning rate is constant
+    for seed in (None, 0, -1, 1.5, True):                      # Megatron refuses --seed < 1
+        with pytest.raises(ValueError, match=r"^seed must be the integer >= 1"):
+            to_flags(cfg, steps=3, seed=seed)
+    assert "--split" not in to_flags(TrainConfig(), seed=7) and _pairs(to_flags(TrainConfig(), seed=7))["--seed"] == "7"
+
+
+def test_experiment_command_carries_split_and_seed_once():
+    from labkit.experiments import get, runner
+    text = runner.megatron_command(get("302"), seed=99)
+    assert text.count("--split 100,0,0") == 1 and text.count("--seed 99") == 1
+    assert text.count("--lr-decay-style constant") == 1
+
+
+def test_to_flags_says_what_it_cannot_express():
+    doc = to_flags.__doc__
+    for topic in ("float64", "initial weights", "weight decay", "without ``data_path``", "tokenizer",
+                  "ddp_bucket_size"):
+        assert topic in doc, topic
+
+
+def _megatron_lines():
+    """Lines formatted with Megatron-LM's own format code (d98e8a64): training.py:5373-5376
+    (evaluate_and_print_results), core/timers.py:338-372, theoretical_memory_usage.py:481-484."""
+    lines = [" [2026-08-22 15:23:12.223456] iteration       10/     100 | consumed samples:          640 |"
+             " lm loss: 9.123456E+00 |"]
+    lines += ["(min, max) time across ranks (ms):"]
+    for name, lo, hi in (("forward-backward", 1001.25, 1010.5), ("optimizer", 12.0, 13.25)):
+        lines += ["\n    {}: ({:.2f}, {:.2f})".format((name + " ").ljust(48, "."), lo, hi)[1:]]
+    string = " validation loss at iteration 10 on validation set | "
+    for key, value in (("lm loss", 8.5), ("mtp_1 loss", 8.75)):
+        string += "{} value: {:.6E} | ".format(key, value)
+        string += "{} PPL: {:.6E} | ".format(key, 2.718281828 ** value)
+    lines += [string, "Theoretical memory footprints: weight and optimizer={:.2f} MB, activation={:.2f} MB, "
+              "total={:.2f} MB".format(1234.5, 678.25, 1912.75)]
+    lines += [" [2026-08-22 15:24:02.323456] iteration       20/     100 | consumed samples:         1280 |"
+              " lm loss: 7.654321E+00 |", "max time across ranks (ms):",
+              "    {}: {:.2f}".format(("forward-backward" + " ").ljust(48, "."), 498.0),
+              "times across ranks (ms):", "  optimizer:", "     rank {:2d}: {:.2f}".format(0, 11.5),
+              "     rank {:2d}: {:.2f}".format(1, 12.5), " validation-0 loss at iteration 20 on test set | "
+              "lm loss value: 7.000000E+00 | lm loss PPL: 1.096633E+03 | "]
+    return "\n".join(lines) + "\n"
+
+
+def test_full_parse_keeps_validation_timers_and_the_theoretical_footprint():
+    log = parse_log(_megatron_lines(), full=True)
+    assert list(log.iterations.iteration) == [10, 20]
+    v = log.validation
+    assert list(v.iteration) == [10, 20] and list(v.split) == ["validation", "test"] and list(v.name) == ["", "0"]
+    assert list(v.lm_loss) == [8.5, 7.0] and v.mtp_1_loss.iloc[0] == 8.75
+    assert v.lm_loss_ppl.iloc[1] == pytest.approx(1096.633)
+    t = log.timers
+    minmax = t[t.iteration == 10]
+    assert list(minmax.timer) == ["forward-backward", "optimizer"] and list(minmax.max_ms) == [1010.5, 13.25]
+    assert list(minmax.min_ms) == [1001.25, 12.0]
+    later = t[t.iteration == 20]
+    assert later.iloc[0]["timer"] == "forward-backward" and later.iloc[0]["max_ms"] == 498.0
+    assert list(later.dropna(subset=["rank"])["ms"]) == [11.5, 12.5]
+    assert log.theoretical_memory == {"weight_and_optimizer_mb": 1234.5, "activation_mb": 678.25, "total_mb": 1912.75}
+    assert parse_log(_megatron_lines()).equals(log.iterations)                # the plain call is unchanged
+
+
+def test_theoretical_footprint_is_what_labkit_estimate_prints():
+    from labkit.calc.megatron import megatron_estimate
+    from labkit.megatron_bridge import parse_theoretical_memory
+    est = megatron_estimate(8, num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                            vocab_size=128, micro_batch_size=2)
+    got = parse_theoretical_memory(est["report"])
+    assert got["total_mb"] == round(est["total_bytes"] / 2**20, 2)
+
+
+@pytest.mark.parametrize("bad, field", [
+    (" iteration        3/      10 | consumed samples: 10/20 | lm loss: 1.0E+00 |", "consumed samples"),
+    (" iteration        3/      10 | lm loss: nan/inf? |", "lm loss"),
+    (" validation loss at iteration 3 | lm loss value: 1/2 |", "lm loss value"),
+    ("Theoretical memory footprints: unknown", None),
+])
+def test_a_line_that_does_not_read_is_named(bad, field):
+    text = _megatron_lines().splitlines()
+    text.insert(2, bad)
+    with pytest.raises(ValueError, match=r"^line 3: ") as err:
+        parse_log("\n".join(text), full=True)
+    assert bad.strip()[:40] in str(err.value) and (field is None or repr(field) in str(err.value))

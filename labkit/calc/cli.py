@@ -15,12 +15,12 @@ the WORLD_SIZE environment variable).
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 from .megatron import megatron_estimate
 from .megatron_args import DEPRECATED, FLAGS, NOT_COVERED, unknown_message
 from .megatron_flags import ESTIMATE_DEFAULTS
+from .moe import parse_layer_freq
 
 _STR = {"normalization", "recompute_granularity", "position_embedding_type",
         "experimental_attention_variant", "hybrid_layer_pattern", "hybrid_override_pattern",
@@ -28,24 +28,13 @@ _STR = {"normalization", "recompute_granularity", "position_embedding_type",
 GPT2_BPE_VOCAB = 50257  # entries of gpt2-vocab.json, Megatron's GPT2BPETokenizer
 
 
-def _freq(text: str):
-    """--moe-layer-freq, as Megatron's moe_freq_type: an int, or a list expression such as
-    ([1]*3+[0])*2 (only digits, commas, brackets, + and *, the characters _eval_pattern allows)."""
-    if "[" not in text:
-        return int(text)
-    if re.search(r"[^,\d\[\]\(\)\+\*]", text):
-        raise ValueError(f"Invalid pattern: {text}")
-    return list(eval(text, {"__builtins__": {}}))  # noqa: S307 - no names can occur
-
-
 def _typed(dest: str, flag: str, raw):
-    if isinstance(raw, list) or dest in _STR:
+    if isinstance(raw, list) or dest in _STR or dest == "moe_layer_freq":   # the pattern: below
         return raw
     try:
-        return _freq(raw) if dest == "moe_layer_freq" else int(raw)
-    except ValueError as err:
-        why = f" ({err})" if dest == "moe_layer_freq" else ""
-        raise ValueError(f"{flag}: invalid value {raw!r}{why}") from None
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{flag}: invalid value {raw[:40]!r}{'...' if len(raw) > 40 else ''}") from None
 
 
 def parse_flags(argv: list) -> tuple[dict, dict, list]:
@@ -79,6 +68,13 @@ def parse_flags(argv: list) -> tuple[dict, dict, list]:
         else:
             other[dest] = value
             ignored.append(token.split("=")[0])
+    if isinstance(used.get("moe_layer_freq"), str):   # parsed once --num-layers is known: no list
+        layers = used.get("num_layers")                # longer than the model is ever built
+        layers = layers if isinstance(layers, int) and layers > 0 else None
+        try:
+            used["moe_layer_freq"] = parse_layer_freq(used["moe_layer_freq"], layers)
+        except ValueError as err:
+            raise ValueError(f"--moe-layer-freq: {err}") from None
     return used, other, ignored
 
 
@@ -131,7 +127,7 @@ def main(argv=None) -> int:
     print(f"data-parallel size: {est['data_parallel_size']}, "
           f"number of microbatches: {est['num_microbatches']}, "
           f"padded vocab size: {est['padded_vocab_size']}")
-    print(f"activation formula: {est['activation_formula']}")
+    print(f"activation formula: {est['activation_formula']}; attention: {est['attention']}")
     print(est["report"])
     print(f"FLOPs per iteration: {est['flops_per_iteration']:.6e}")
     return 0
@@ -154,18 +150,22 @@ def plan_main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--context-parallel-sizes", type=int, nargs="+", default=[1],
                     help="CP sizes to search (default: 1, no context parallelism)")
+    ap.add_argument("--attention", choices=["flash", "math"], default="flash",
+                    help="attention kernel every layout's memory is counted with: flash (fused, "
+                         "Megatron-Core's default) or math (materialized s x s scores)")
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         m = model(args.model)
         if args.seq_length:
             m = m.with_(seq_length=args.seq_length)
         c = cluster(args.cluster, args.nodes)
-        result = plan(m, c, args.global_batch_size, context_parallel_sizes=tuple(args.context_parallel_sizes))
+        result = plan(m, c, args.global_batch_size, attention=args.attention,
+                      context_parallel_sizes=tuple(args.context_parallel_sizes))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"{len(result['ranked'])} layouts fit, {result['too_big']} do not fit, "
-          f"{result['invalid']} break a rule")
+          f"{result['invalid']} break a rule (memory counted with {result['attention']} attention)")
     for r in result["ranked"][: args.top]:
         print(f"TP={r['tp']} PP={r['pp']} CP={r['cp']} DP={r['dp']} mb={r['micro_batch_size']} "
               f"recompute={r['recompute']}: {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']:.1%}, "

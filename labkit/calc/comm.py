@@ -14,33 +14,55 @@ Pure Python, no torch: the labs compare the bytes ``labkit.comm`` counts against
 """
 from __future__ import annotations
 
+import math
+import numbers
 
-def _check_group(n) -> int:
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def _check_group(n, name="group size") -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"group size must be a positive integer, got {n!r}")
+        raise ValueError(f"{name} must be a positive integer, got {n!r}")
     return n
+
+
+def _check_size(name, value):
+    """A byte count, size or element width: a finite number >= 0 (a nan or a negative size would
+    come back as nan or negative bytes)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _check_sizes(**sizes) -> None:
+    for name, value in sizes.items():
+        _check_size(name, value)
 
 
 def ring_all_reduce_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in a ring all-reduce of an N-byte tensor over n ranks: 2(n-1)/n * N."""
+    _check_size("n_bytes", n_bytes)
     n = _check_group(n)
     return 2.0 * (n - 1) / n * n_bytes
 
 
 def all_gather_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in a ring all-gather whose OUTPUT is N bytes: (n-1)/n * N."""
+    _check_size("n_bytes", n_bytes)
     n = _check_group(n)
     return (n - 1) / n * n_bytes
 
 
 def reduce_scatter_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in a ring reduce-scatter whose INPUT is N bytes: (n-1)/n * N."""
+    _check_size("n_bytes", n_bytes)
     n = _check_group(n)
     return (n - 1) / n * n_bytes
 
 
 def all_to_all_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in an all-to-all of its N-byte input: (n-1)/n * N (1/n stays home)."""
+    _check_size("n_bytes", n_bytes)
     n = _check_group(n)
     return (n - 1) / n * n_bytes
 
@@ -65,6 +87,7 @@ def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None, num_microbatch
     stage 3 moves 1.5x; gradient accumulation multiplies the cost of stages 2 and 3 only.
     """
     g = param_bytes if grad_bytes is None else grad_bytes
+    _check_sizes(param_bytes=param_bytes, grad_bytes=g)
     m = num_microbatches
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"num_microbatches must be a positive integer, got {m!r}")
@@ -97,6 +120,8 @@ def tp_layer_bytes(seq_length, micro_batch_size, hidden_size, tp, bytes_per_elem
       Same bytes as TP. (Megatron-LM additionally re-gathers the sequence-sharded input in the
       backward for the weight gradient instead of keeping it; that extra all-gather is not counted.)
     """
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                 bytes_per_element=bytes_per_element)
     n_bytes = seq_length * micro_batch_size * hidden_size * bytes_per_element
     if sequence_parallel:
         return {"all_gather": 4 * all_gather_bytes(n_bytes, tp),
@@ -115,8 +140,12 @@ def pp_step_bytes(seq_length, micro_batch_size, hidden_size, num_microbatches, p
 
         {"send_forward": m * k_fwd * N, "send_backward": m * k_bwd * N},  N = s*b*h*bytes
     """
-    if not 0 <= stage < pp:
-        raise ValueError(f"stage must be in [0, pp={pp}), got {stage}")
+    _check_group(pp, "pp")
+    _check_group(virtual_pipeline_size, "virtual_pipeline_size")
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                 num_microbatches=num_microbatches, bytes_per_element=bytes_per_element)
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
+        raise ValueError(f"stage must be an integer in [0, pp={pp}), got {stage!r}")
     v = virtual_pipeline_size
     n_bytes = seq_length * micro_batch_size * hidden_size * bytes_per_element
     chunks = [j * pp + stage for j in range(v)]
@@ -146,10 +175,12 @@ def cp_attention_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_p
     - "a2a" (Ulysses): q, k, v go out in an all-to-all, the output comes back in another; the
       backward moves their gradients: {"all_to_all": (c-1)/c * s/c * b * (2 hq + 2 hkv) * bytes}
       each way.
-    For a fixed s the ring's total 3 (c-1) kv = 6 (c-1)/c * s b hkv bytes hardly changes with c;
-    the all-to-alls' falls as 1/c (Jacobs et al. 2023).
+    For a fixed s the ring's total 3 (c-1) kv = 6 (c-1)/c * s b hkv elements, 12 (c-1)/c * s b hkv
+    bytes in 16-bit, hardly changes with c; the all-to-alls' falls as 1/c (Jacobs et al. 2023).
     """
-    _check_group(cp)
+    _check_group(cp, "cp")
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, kv_hidden_size=kv_hidden_size,
+                 bytes_per_element=bytes_per_element, hidden_size=hidden_size or 0)
     cp_comm_type = CP_COMM_ALIASES.get(cp_comm_type, cp_comm_type)
     if cp_comm_type not in CP_COMM_TYPES:
         raise ValueError(f"cp_comm_type must be one of {CP_COMM_TYPES}, got {cp_comm_type!r}")
@@ -188,6 +219,8 @@ def ep_layer_bytes(seq_length, micro_batch_size, hidden_size, ep, moe_router_top
     all-to-all (dispatch) and come back in another (combine); the backward repeats both for the
     gradients: 4 all-to-alls, assuming tokens spread evenly over experts.
     """
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                 moe_router_topk=moe_router_topk, bytes_per_element=bytes_per_element)
     n_bytes = seq_length * micro_batch_size * moe_router_topk * hidden_size * bytes_per_element
     return {"all_to_all": 4 * all_to_all_bytes(n_bytes, ep)}
 
@@ -199,6 +232,9 @@ def expert_tp_layer_bytes(seq_length, micro_batch_size, hidden_size, etp, moe_ro
     N = s b k h bytes of rows it holds after the all-to-all are all-gathered to the etp ranks (each
     computes every row on its slice of the expert) and the partial outputs reduce-scattered back;
     the backward does the conjugates. Unlike EP's (ep - 1)/ep, this grows with etp - 1."""
+    _check_group(etp, "etp")
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                 moe_router_topk=moe_router_topk, bytes_per_element=bytes_per_element)
     n_bytes = seq_length * micro_batch_size * moe_router_topk * hidden_size * bytes_per_element
     return {"all_gather": 2.0 * (etp - 1) * n_bytes, "reduce_scatter": 2.0 * (etp - 1) * n_bytes}
 
@@ -208,6 +244,8 @@ def ep_routed_bytes(rows_to_others, rows_from_others, hidden_size, bytes_per_ele
     "Expert parallelism"): its rows to other ranks (dispatch), the rows it received going back
     (combine), and the same two again as gradients in the backward. A balanced router gives
     ``ep_layer_bytes``; an imbalanced one makes some ranks send (and receive) more."""
+    _check_sizes(rows_to_others=rows_to_others, rows_from_others=rows_from_others,
+                 hidden_size=hidden_size, bytes_per_element=bytes_per_element)
     return {"all_to_all": 2.0 * (rows_to_others + rows_from_others) * hidden_size * bytes_per_element}
 
 
@@ -217,6 +255,9 @@ def ep_allgather_layer_bytes(seq_length, micro_batch_size, hidden_size, num_expe
     ranks (etp x ep; Megatron's ``MoEAllGatherTokenDispatcher``). Forward: all-gather the tokens
     [T, h], the probabilities [T, E] and the 1-byte routing map, reduce-scatter the output [n T, h];
     backward: reduce-scatter the token and probability gradients, all-gather the output's."""
+    _check_group(n)
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                 num_experts=num_experts, bytes_per_element=bytes_per_element)
     t = seq_length * micro_batch_size
     tokens, probs, routing_map = t * hidden_size * bytes_per_element, t * num_experts * bytes_per_element, t * num_experts
     return {"all_gather": (n - 1) * (tokens + probs + routing_map + tokens),
@@ -227,10 +268,11 @@ def ep_allgather_layer_bytes(seq_length, micro_batch_size, hidden_size, num_expe
 def ring_steps(op: str, n: int) -> int:
     """Number of sequential ring hops (each paying the latency alpha) of a collective."""
     n = _check_group(n)
-    if n == 1:
-        return 0
-    return {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
-            "all_to_all": n - 1, "send_recv": 1, "send_forward": 1, "send_backward": 1}[op]
+    steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
+             "all_to_all": n - 1, "send_recv": 1, "send_forward": 1, "send_backward": 1}
+    if op not in steps:
+        raise ValueError(f"op must be one of {tuple(steps)}, got {op!r}")
+    return 0 if n == 1 else steps[op]
 
 
 def alpha_beta_time(n_bytes_sent, bandwidth, latency=0.0, steps=1) -> float:
@@ -238,13 +280,16 @@ def alpha_beta_time(n_bytes_sent, bandwidth, latency=0.0, steps=1) -> float:
 
     ``bandwidth`` in bytes/s per direction of the rank's link, ``latency`` (alpha) in seconds.
     """
-    if bandwidth <= 0:
-        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+    _check_sizes(n_bytes_sent=n_bytes_sent, latency=latency, steps=steps)
+    if not _check_size("bandwidth", bandwidth):
+        raise ValueError(f"bandwidth must be positive, got {bandwidth!r}")
     return steps * latency + n_bytes_sent / bandwidth
 
 
 def collective_time(op, n_bytes, n, bandwidth, latency=0.0) -> float:
     """Alpha-beta time of one ring collective on N bytes over n ranks, e.g. ("all_reduce", ...)."""
+    if op not in COLLECTIVES:
+        raise ValueError(f"op must be one of {COLLECTIVES}, got {op!r}")
     sent = {"all_reduce": ring_all_reduce_bytes, "all_gather": all_gather_bytes,
             "reduce_scatter": reduce_scatter_bytes, "all_to_all": all_to_all_bytes}[op](n_bytes, n)
     return alpha_beta_time(sent, bandwidth, latency, ring_steps(op, n))

@@ -1,7 +1,7 @@
 """GPUs and clusters: peak FLOP/s, memory, link bandwidths (chapters "Collectives", "Planning a run").
 
 Peak dense 16-bit tensor-core FLOP/s from NVIDIA's datasheets (V100 SXM2 125 TFLOP/s, A100 312,
-H100 SXM 989, H200 989). Bandwidths are bytes/s
+H100 SXM 989, H200 989, B200 2,250). Bandwidths are bytes/s
 per direction: ``intra_node_bandwidth`` per GPU (NVLink), ``inter_node_bandwidth`` per NODE (all
 its NICs together, shared by its GPUs). Jean Zay's V100 nodes: 4x V100-32GB, 50 GB/s intra-node
 and 400 Gb/s inter-node. The Narayanan et al. 2021 cluster (Selene) is DGX A100: NVSwitch, 300 GB/s
@@ -24,7 +24,7 @@ class GPU:
     hbm_bandwidth: float = 2.0e12   # bytes/s
     peak_fp8_flops: float = 0.0     # dense FP8 tensor-core FLOP/s
     sms: int = 108                  # streaming multiprocessors
-    generation: str = ""            # "V100" | "A100" | "H100": selects the fitted GEMM efficiency
+    generation: str = ""            # "V100" | "A100" | "H100" | "B200": GEMM efficiency, attention curve
 
 
 @dataclass(frozen=True)
@@ -71,15 +71,31 @@ class Cluster:
         return (min(self.inter_node_bandwidth * per_node / self.gpus_per_node, self.intra_node_bandwidth),
                 self.inter_node_latency)
 
+    def group_nodes(self, group_span: int, group_size: int | None = None) -> int:
+        """How many nodes a group of ``group_size`` ranks spread over ``group_span`` ranks touches."""
+        size = group_size or group_span
+        if self.gpus_per_node % group_span == 0:
+            return 1
+        stride = max(1, group_span // size)
+        return -(-size // max(1, self.gpus_per_node // stride))
+
 
 # NVIDIA datasheets: V100 SXM2 (900 GB/s HBM2, 80 SMs), A100 80GB SXM (2,039 GB/s, 108 SMs; 40GB: 1,555 GB/s),
 # H100 SXM (3.35 TB/s HBM3, 132 SMs, 1,979 dense FP8 TFLOP/s), H200 (4.8 TB/s HBM3e).
+# H100-96GB-500W: Meta's Grand Teton H100 (96 GB HBM2e, 2.4 TB/s, run at 500 W; torchtitan
+#   benchmarks/llama3_h100_202412_torchtitan.md): its peak is "between SXM and NVL" (989 and 835 dense
+#   TFLOP/s) and not known; labkit takes the midpoint, 912 (FP8 twice that). An assumption.
+# B200 (DGX B200, 1,000 W): 2.25 PFLOP/s dense BF16, 4.5 FP8 (NVIDIA Blackwell architecture technical
+#   brief, as quoted in pytorch/ao torchao/testing/training/roofline_utils.py), 180 GB HBM3e at 8 TB/s,
+#   148 SMs (pytorch/ao PR 4002 reads 7.68 TB/s from the driver; the datasheet's 8 is used).
 GPUS = {
     "V100-32GB": GPU("V100-32GB", 125e12, 32 * GIB, 900e9, 0.0, 80, "V100"),
     "A100-80GB": GPU("A100-80GB", 312e12, 80 * GIB, 2.039e12, 0.0, 108, "A100"),
     "A100-40GB": GPU("A100-40GB", 312e12, 40 * GIB, 1.555e12, 0.0, 108, "A100"),
     "H100-80GB": GPU("H100-80GB", 989e12, 80 * GIB, 3.35e12, 1979e12, 132, "H100"),
     "H200-141GB": GPU("H200-141GB", 989e12, 141e9, 4.8e12, 1979e12, 132, "H100"),
+    "H100-96GB-500W": GPU("H100-96GB-500W", 912e12, 96e9, 2.4e12, 1824e12, 132, "H100"),
+    "B200-180GB": GPU("B200-180GB", 2250e12, 180e9, 8.0e12, 4500e12, 148, "B200"),
 }
 
 CLUSTERS = {
@@ -99,7 +115,32 @@ CLUSTERS = {
     # DGX H100 / H200: NVLink 4 (450 GB/s per direction), 8 x 400 Gb/s per node
     "dgx-h100": Cluster(GPUS["H100-80GB"], 8, 1, 450e9, 8 * 400e9 / 8, name="dgx-h100"),
     "dgx-h200": Cluster(GPUS["H200-141GB"], 8, 1, 450e9, 8 * 400e9 / 8, name="dgx-h200"),
+    # Grand Teton (Meta): 8 H100 with NVLink 4, 400 Gb/s RDMA per GPU (torchtitan benchmarks page)
+    "grand-teton-h100": Cluster(GPUS["H100-96GB-500W"], 8, 1, 450e9, 8 * 400e9 / 8, name="grand-teton-h100"),
+    # DGX B200: NVLink 5, 18 links = 1.8 TB/s per GPU (900 GB/s per direction), 8 x 400 Gb/s ConnectX-7
+    # (MLCommons inference v6.0 system description nebius_b200_n1.json)
+    "dgx-b200": Cluster(GPUS["B200-180GB"], 8, 1, 900e9, 8 * 400e9 / 8, name="dgx-b200"),
 }
+
+
+# NCCL's own latency model for the ring algorithm with the Simple protocol (large messages), from
+# NVIDIA/nccl src/graph/tuning.cc (commit 5067397c): base 8.4 us, then 3.4 us per ring step over
+# NVLink (at least the network overhead, 1 us x 3 for Simple on an x86 host) and 14 us per step that
+# crosses nodes.
+NCCL_BASE_US, NCCL_NVLINK_STEP_US, NCCL_NET_STEP_US = 8.4, 3.4, 14.0
+
+
+def nccl_ring_latency(op: str, n_ranks: int, n_nodes: int = 1) -> float:
+    """Seconds of latency NCCL's tuner charges a ring ``op`` over ``n_ranks`` on ``n_nodes``:
+    base + (steps - steps across nodes) x 3.4 us + (steps across nodes) x 14 us, with
+    2(n-1) steps for all-reduce and n-1 for all-gather / reduce-scatter (2(nodes-1) and nodes-1 of
+    them across nodes); n steps for anything else (all-to-all, send/recv)."""
+    if n_ranks <= 1:
+        return 0.0
+    steps = {"all_reduce": 2 * (n_ranks - 1), "all_gather": n_ranks - 1, "reduce_scatter": n_ranks - 1}.get(op, n_ranks)
+    inter = 0 if n_nodes <= 1 else (2 * (n_nodes - 1) if op == "all_reduce" else n_nodes - 1)
+    intra = NCCL_NVLINK_STEP_US if n_nodes <= 1 else max(NCCL_NVLINK_STEP_US, 3 * 1.0)
+    return 1e-6 * (NCCL_BASE_US + (steps - inter) * intra + inter * NCCL_NET_STEP_US)
 
 
 def cluster(name: str, nodes: int = 1) -> Cluster:

@@ -26,6 +26,10 @@ from __future__ import annotations
 
 from .megatron_args import megatron_args
 
+# Neither branch of Megatron's activation formula has Korthikanti's 5as/h score term: it counts
+# memory as a fused (flash) kernel keeps it, whatever --attention-backend and recompute say.
+ATTENTION_NOTE = "flash (Megatron's formula has no s x s score term)"
+
 __all__ = ["megatron_args", "megatron_estimate", "weight_breakdown", "weight_and_optimizer_bytes",
            "activation_bytes", "flops_per_iteration"]
 
@@ -185,5 +189,6 @@ def megatron_estimate(world_size: int, **megatron_args_kw) -> dict:
             "padded_vocab_size": a.padded_vocab_size, "notes": list(a.notes),
             "activation_formula": ("with SP (selective recompute)" if a.sequence_parallel
                                    and a.recompute_granularity == "selective" else "without SP"),
+            "attention": ATTENTION_NOTE,
             "report": (f"Theoretical memory footprints: weight and optimizer={w / mb:.2f} MB, "
                        f"activation={act / mb:.2f} MB, total={(w + act) / mb:.2f} MB")}

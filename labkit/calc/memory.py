@@ -7,6 +7,15 @@ parameters) are sharded over DP*CP, expert parameters over EP x ETP and their Ze
 expert-data-parallel ranks world / (ETP x EP x PP), as Megatron's storage classes, every stage is computed (the first
 holds the most in-flight microbatches, first/last hold the embeddings), and recompute may be
 none, selective or full.
+
+Attention is one explicit assumption, ``attention=``, applied to every layout alike (never chosen
+by the layout): "flash" (the default) is a fused kernel that keeps only the output and the
+log-sum-exp, as Megatron-Core runs by default (``--attention-backend auto``: Transformer Engine's
+flash or fused kernels); "math" materializes the s x s scores (softmax, its dropout output and
+mask), as labkit's own dense attention and Megatron's ``--attention-backend unfused`` do.
+Comparing layouts under different assumptions would credit one axis with what the kernel saved:
+at 32K tokens GPT-2 XL needs 39.8 GiB per H100 on 8-way DP with flash attention and full
+recompute, 164.7 GiB with math (tests/test_calc_attention.py).
 """
 from __future__ import annotations
 
@@ -14,7 +23,18 @@ import math
 
 from .config import (MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, num_microbatches,
                      virtual_pipeline_size)
+from .comm import _check_sizes
 from .params import stage_params
+
+ATTENTION = ("flash", "math")   # fused kernel (output + log-sum-exp) | materialized s x s scores
+
+
+def check_attention(attention) -> str:
+    """``attention`` itself, or a ValueError naming the two kernels the memory model knows."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION} (fused kernel, or materialized "
+                         f"s x s scores), got {attention!r}")
+    return attention
 
 
 def zero_memory_per_rank(num_params, dp, zero_stage, bytes_param=4, bytes_grad=4, bytes_optim=8) -> dict:
@@ -29,6 +49,7 @@ def zero_memory_per_rank(num_params, dp, zero_stage, bytes_param=4, bytes_grad=4
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
     if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
         raise ValueError(f"dp must be a positive integer, got {dp!r}")
+    _check_sizes(num_params=num_params, bytes_param=bytes_param, bytes_grad=bytes_grad, bytes_optim=bytes_optim)
     shard = math.ceil(num_params / dp)
     return {"params": (shard if zero_stage >= 3 else num_params) * bytes_param,
             "grads": (shard if zero_stage >= 2 else num_params) * bytes_grad,
@@ -46,6 +67,10 @@ def activation_bytes_per_layer(seq_length, micro_batch_size, hidden_size, num_at
       selective recompute drops the 5*a*s/h attention term; full recompute keeps only the
       layer input, 2*s*b*h (divided by t with SP).
     """
+    _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
+                 num_attention_heads=num_attention_heads)
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be a positive integer, got {tp!r}")
     s, b, h, a, t = seq_length, micro_batch_size, hidden_size, num_attention_heads, tp
     if recompute not in (None, "selective", "full"):
         raise ValueError(f"recompute must be None, 'selective' or 'full', got {recompute!r}")
@@ -58,7 +83,7 @@ def activation_bytes_per_layer(seq_length, micro_batch_size, hidden_size, num_at
 
 
 def layer_activation_bytes(model: ModelConfig, par: ParallelConfig, bytes_act=2, dropout=True,
-                           attention="math") -> float:
+                           attention="flash") -> float:
     """Korthikanti's count generalised: any element size, GQA, SwiGLU, optional dropout, CP.
 
     Per token (s*b tokens, s/cp with CP) a layer saves, in elements: the inputs of both norms and
@@ -67,8 +92,9 @@ def layer_activation_bytes(model: ModelConfig, par: ParallelConfig, bytes_act=2,
     linear_fc2 (f); plus two 1-byte dropout masks (h each). Attention ("math") saves the softmax
     output, the dropout output and mask: a*s per token each; "flash" saves only the output (q)
     and the log-sum-exp (a fp32 values). With ffn = 4h, 16-bit and dropout this is exactly
-    ``activation_bytes_per_layer``.
+    ``activation_bytes_per_layer`` with ``attention="math"``.
     """
+    check_attention(attention)
     s, b = model.seq_length / par.cp, par.micro_batch_size
     h, a, f, t = model.hidden_size, model.num_attention_heads, model.ffn_hidden_size, par.tp
     q, kv = model.kv_channels * a, model.kv_channels * model.query_groups
@@ -96,7 +122,9 @@ def cp_layer_activation_bytes(model: ModelConfig, par: ParallelConfig, cp_comm_t
     kernel each comm type runs. The ring ("p2p") and "all_gather" attend block by block and keep,
     like a flash kernel, only the output and the log-sum-exp ("flash": never the s/c x s scores);
     "a2a" (and CP 1) run labkit's dense attention over the full sequence for a/c heads, whose
-    softmax is a*s per local token ("math"). Megatron runs fused (flash) kernels in every case."""
+    softmax is a*s per local token ("math"). This is what labkit's runtime saves, for comparing
+    with its measurements; to compare layouts use ``memory_per_stage`` with one ``attention`` for
+    all of them (Megatron runs fused, flash, kernels in every case)."""
     attention = "math" if par.cp == 1 or cp_comm_type == "a2a" else "flash"
     return layer_activation_bytes(model, par, bytes_act, dropout, attention)
 
@@ -117,7 +145,7 @@ def in_flight_microbatches(model: ModelConfig, par: ParallelConfig, stage: int) 
 
 
 def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: PrecisionConfig = MIXED_18,
-                     dropout=True, attention="math") -> list:
+                     dropout=True, attention="flash") -> list:
     """Bytes on one GPU of each pipeline stage: params, grads, optimizer, activations, total.
 
     ZeRO stage (``zero_stage``, or 1 for ``use_distributed_optimizer``) shards over DP*CP for
@@ -126,9 +154,11 @@ def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: Precisi
     Activations: in-flight microbatches x layers on the stage x ``layer_activation_bytes``; the
     first stage adds the embedding dropout mask, the last the final norm's input and output and
     the fp32 log-softmax of the logits (the cross-entropy), for one microbatch: with 16-bit
-    activations 4sbh + 4sbV, as in Megatron's estimate.
+    activations 4sbh + 4sbV, as in Megatron's estimate. ``attention``: "flash" (default, Megatron-
+    Core's fused kernels) or "math" (materialized scores), the same for every stage and layout.
     """
     from .config import validate
+    check_attention(attention)
     validate(model, par)
     stage_zero = par.optimizer_shard_stage
     dp_cp = par.dp * par.cp
@@ -159,5 +189,5 @@ def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: Precisi
 
 
 def peak_memory(model, par, precision=MIXED_18, **kw) -> float:
-    """The largest per-GPU total over all pipeline stages."""
+    """The largest per-GPU total over all pipeline stages (``attention="flash"`` unless given)."""
     return max(r["total"] for r in memory_per_stage(model, par, precision, **kw))

@@ -8,8 +8,13 @@ capacity or a layer pattern has one definition. Names and defaults are Megatron-
 """
 from __future__ import annotations
 
+import ast
 import math
+import re
 from dataclasses import dataclass, fields
+
+MAX_PATTERN_CHARS = 10_000   # a literal 0/1 list for 5,000 layers; anything longer is refused unread
+MAX_PATTERN_LAYERS = 100_000  # the bound on a pattern's length when num_layers is not known
 
 
 def moe_layer_pattern(moe_layer_freq, num_layers: int) -> list[int]:
@@ -23,6 +28,85 @@ def moe_layer_pattern(moe_layer_freq, num_layers: int) -> list[int]:
     if isinstance(moe_layer_freq, bool) or not isinstance(moe_layer_freq, int) or moe_layer_freq < 1:
         raise ValueError(f"moe_layer_freq must be a positive integer or a 0/1 pattern, got {moe_layer_freq!r}")
     return [int(i % moe_layer_freq == 0) for i in range(num_layers)]
+
+
+def _excerpt(text: str, n: int = 40) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def parse_layer_freq(text: str, num_layers: int | None = None):
+    """``--moe-layer-freq`` as Megatron reads it (``moe_freq_type``, arguments.py @ d98e8a64): an
+    int ("2": every second layer), or a list expression of ints, lists, ``+`` and ``*`` such as
+    ``[0]*3+[1]*58`` or ``([1]*3+[0])*2``, only the characters Megatron allows (digits, commas,
+    brackets, parentheses, + and *: no spaces). Megatron ``eval``s the text; this walks its syntax
+    tree, computes every list's LENGTH before building it and refuses one longer than
+    ``num_layers`` (or MAX_PATTERN_LAYERS), so ``[1]*9**9**9`` or ``[1]*10**8`` cost nothing.
+    Errors quote at most 40 characters of the text."""
+    if not isinstance(text, str):
+        raise ValueError(f"moe_layer_freq: expected text, got {type(text).__name__}")
+    if "[" not in text:
+        if not re.fullmatch(r"[0-9]{1,9}", text):
+            raise ValueError(f"moe_layer_freq must be an integer or a list expression, got {_excerpt(text)}")
+        return int(text)
+    if len(text) > MAX_PATTERN_CHARS:
+        raise ValueError(f"moe_layer_freq: a pattern of {len(text)} characters (at most "
+                         f"{MAX_PATTERN_CHARS}), starting {_excerpt(text)}")
+    bad = re.search(r"[^,0-9\[\]\(\)\+\*]", text)
+    if bad:   # Megatron's _eval_pattern allows these characters only
+        raise ValueError(f"Invalid pattern: character {bad.group()!r} at {bad.start()} of "
+                         f"{_excerpt(text)} (Megatron allows digits , [ ] ( ) + * only)")
+    limit = MAX_PATTERN_LAYERS if num_layers is None else num_layers
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, RecursionError, MemoryError, ValueError):
+        raise ValueError(f"moe_layer_freq: not a list expression: {_excerpt(text)}") from None
+    try:
+        shape = _measure(tree, limit, text)
+        if not isinstance(shape, list):
+            raise ValueError(f"moe_layer_freq: {_excerpt(text)} is a number, not a list of 0/1 per layer")
+        return _build(tree)
+    except RecursionError:
+        raise ValueError(f"moe_layer_freq: {_excerpt(text)} is nested too deeply") from None
+
+
+def _measure(node, limit: int, text: str):
+    """An int node's value, or a list node's length as [length]; refuses what eval could not do
+    (or would do only by building a list longer than ``limit``)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        if any(not isinstance(_measure(e, limit, text), int) for e in node.elts):
+            raise ValueError(f"moe_layer_freq: list entries must be integers, in {_excerpt(text)}")
+        return [len(node.elts)]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+        a, b = _measure(node.left, limit, text), _measure(node.right, limit, text)
+        if isinstance(a, int) and isinstance(b, int):
+            if a > limit or b > limit:   # ints only count repetitions here: keep them small
+                raise ValueError(f"moe_layer_freq: the number {max(a, b)} in {_excerpt(text)} is more "
+                                 f"than the {limit} layers")
+            return a + b if isinstance(node.op, ast.Add) else a * b
+        if isinstance(node.op, ast.Add) and isinstance(a, list) and isinstance(b, list):
+            n = a[0] + b[0]
+        elif isinstance(node.op, ast.Mult) and isinstance(a, list) != isinstance(b, list):
+            n = (a[0] * b) if isinstance(a, list) else (a * b[0])
+        else:
+            raise ValueError(f"moe_layer_freq: cannot {'add' if isinstance(node.op, ast.Add) else 'multiply'} "
+                             f"a list and a number, or two lists, in {_excerpt(text)}")
+        if n > limit:
+            raise ValueError(f"moe_layer_freq: {_excerpt(text)} makes a list of {n} entries, more "
+                             f"than num_layers {limit}")
+        return [n]
+    raise ValueError(f"moe_layer_freq: only integers, lists, + and * are allowed, in {_excerpt(text)}")
+
+
+def _build(node):
+    """The value of a tree :func:`_measure` accepted (every list already known to be short)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.List):
+        return [_build(e) for e in node.elts]
+    a, b = _build(node.left), _build(node.right)
+    return a + b if isinstance(node.op, ast.Add) else a * b
 
 
 def checked_layer_freq(moe_layer_freq, num_layers: int):

@@ -6,12 +6,14 @@ DP, micro batch, recompute, ZeRO stage) that passes Megatron's rules is costed w
 Megatron's ``account_for_embedding/loss_in_pipeline_split`` when that makes it valid. The usual
 heuristics (TP within a node, PP across nodes, DP for the rest) are not imposed: they come out of
 the cost model, and ``explain`` says why the winner beats the best layout of each other shape.
+Every layout is costed under one attention kernel (``attention``, default "flash", Megatron-Core's
+default; see ``memory.py``), which the result records and ``explain`` states.
 """
 from __future__ import annotations
 
 from .config import MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, validate
 from .hardware import Cluster
-from .memory import peak_memory
+from .memory import check_attention, peak_memory
 from .overlap import MEGATRON_DEFAULTS, OverlapConfig
 from .perf import step_time
 
@@ -60,13 +62,20 @@ def candidate_layouts(model: ModelConfig, cluster: Cluster, global_batch_size: i
 
 def plan(model: ModelConfig, cluster: Cluster, global_batch_size: int,
          precision: PrecisionConfig = MIXED_18, headroom: float = 0.9,
-         overlap: OverlapConfig = MEGATRON_DEFAULTS, fp8: bool = False, **search) -> dict:
+         overlap: OverlapConfig = MEGATRON_DEFAULTS, fp8: bool = False, attention: str = "flash",
+         **search) -> dict:
     """Rank the layouts that fit in ``headroom`` x GPU memory by predicted tokens/s.
 
-    Returns {"ranked": [rows best first], "too_big": n, "invalid": n, "capacity": bytes}. For a
-    MoE model EP is searched too (every divisor of num_experts), unless ``expert_parallel_sizes``
-    is given.
+    Returns {"ranked": [rows best first], "too_big": n, "invalid": n, "capacity": bytes,
+    "attention": the kernel every layout's memory was counted with}. For a MoE model EP is
+    searched too (every divisor of num_experts), unless ``expert_parallel_sizes`` is given.
     """
+    check_attention(attention)
+    gbs = global_batch_size
+    if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
+        raise ValueError(f"global_batch_size must be a positive integer, got {gbs!r}")
+    if not 0 < headroom <= 1:   # also refuses nan
+        raise ValueError(f"headroom must be in (0, 1], the share of GPU memory usable, got {headroom!r}")
     if model.num_experts and "expert_parallel_sizes" not in search:
         search = dict(search, expert_parallel_sizes=tuple(
             e for e in _divisors(model.num_experts) if e <= cluster.world_size))
@@ -76,7 +85,7 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch_size: int,
         if par is None:
             invalid += 1
             continue
-        mem = peak_memory(model, par, precision)
+        mem = peak_memory(model, par, precision, attention=attention)
         if mem > capacity:
             too_big += 1
             continue
@@ -90,18 +99,20 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch_size: int,
                        "mfu": perf["mfu"], "mfu_palm": perf["mfu_palm"], "bubble_s": perf["bubble"], "tp_comm_s": perf["tp_comm"],
                        "pp_comm_s": perf["pp_comm"], "dp_comm_s": perf["dp_comm"], "parallel": par})
     ranked.sort(key=lambda r: -r["tokens_per_s"])
-    return {"ranked": ranked, "too_big": too_big, "invalid": invalid, "capacity": capacity}
+    return {"ranked": ranked, "too_big": too_big, "invalid": invalid, "capacity": capacity,
+            "attention": attention}
 
 
 def explain(result: dict, cluster: Cluster) -> list:
     """Why the winner wins: compare it with the best layout of each other (TP, PP) shape family."""
-    ranked = result["ranked"]
+    ranked, kernel = result["ranked"], f"{result.get('attention', 'flash')} attention"
     if not ranked:
-        return ["no layout fits: more GPUs, ZeRO-3, recompute or a smaller micro batch are needed"]
+        return [f"no layout fits (memory with {kernel}): more GPUs, ZeRO-3, recompute or a smaller "
+                f"micro batch are needed"]
     best = ranked[0]
     lines = [f"winner: TP={best['tp']} PP={best['pp']} DP={best['dp']} mb={best['micro_batch_size']} "
              f"recompute={best['recompute']}: {best['tokens_per_s']:.0f} tokens/s, "
-             f"MFU {best['mfu']:.1%}, {best['peak_memory_gib']:.1f} GiB"]
+             f"MFU {best['mfu']:.1%}, {best['peak_memory_gib']:.1f} GiB (memory with {kernel})"]
     seen = set()
     for r in ranked[1:]:
         key = ("TP inside a node" if cluster.gpus_per_node % r["tp"] == 0 else "TP spanning nodes",
@@ -120,7 +131,8 @@ def explain(result: dict, cluster: Cluster) -> list:
 
 def min_nodes(model: ModelConfig, cluster: Cluster, global_batch_size_per_node=None, max_nodes=128,
               precision: PrecisionConfig = MIXED_18, **search):
-    """The fewest nodes on which some layout fits (global batch = nodes x GPUs x 1 unless given)."""
+    """The fewest nodes on which some layout fits (global batch = nodes x GPUs x 1 unless given);
+    ``search`` goes to :func:`plan` (``attention``, the sizes searched)."""
     for nodes in range(1, max_nodes + 1):
         c = cluster.with_(nodes=nodes)
         gbs = (global_batch_size_per_node or c.gpus_per_node) * nodes

@@ -31,6 +31,7 @@ _LAYOUT = [("world_size", "GPUs", "int", 8), ("tensor_model_parallel_size", "TP"
            ("context_parallel_size", "CP", "int", 1), ("expert_model_parallel_size", "EP", "int", 1),
            ("sequence_parallel", "sequence parallel", "bool", False),
            ("micro_batch_size", "micro batch", "int", 1), ("global_batch_size", "global batch", "int", 8)]
+_ATTENTION = ("attention", "attention kernel (memory)", "choice", "flash", ["flash", "math"])
 FORMS = {
     "batch": [("model", "model", "choice", "gpt2-1.5b", sorted(MODELS))]
     + [(n, l, k, d, None) for n, l, k, d in _LAYOUT],
@@ -40,13 +41,15 @@ FORMS = {
     + [("zero_stage", "ZeRO stage (1 = distributed optimizer)", "choice", "1", ["0", "1", "2", "3"]),
        ("recompute_granularity", "recompute", "choice", "selective", ["none", "selective", "full"]),
        ("precision", "precision", "choice", "mixed18", sorted(PRECISIONS)),
+       _ATTENTION,
        ("cluster", "cluster (GPU, links)", "choice", "dgx-a100", sorted(CLUSTERS)),
        ("step_time", "measured step time, s (0 = none)", "float", 0.0, None)],
     "planner": [("model", "model", "choice", "gpt3-175b", sorted(MODELS)),
                 ("cluster", "cluster", "choice", "jean-zay-v100", sorted(CLUSTERS)),
                 ("nodes", "nodes", "int", 32, None), ("global_batch_size", "global batch", "int", 128, None),
                 ("seq_length", "sequence length (0 = preset)", "int", 1024, None),
-                ("context_parallel_sizes", "CP sizes searched", "choice", "1", ["1", "1,2", "1,2,4", "1,2,4,8"])],
+                ("context_parallel_sizes", "CP sizes searched", "choice", "1", ["1", "1,2", "1,2,4", "1,2,4,8"]),
+                _ATTENTION],
 }
 FORMS["memory"] = [(n, l, k, ({"world_size": 1024, "tensor_model_parallel_size": 8,
                                 "pipeline_model_parallel_size": 16, "global_batch_size": 1536,
@@ -126,7 +129,7 @@ def memory_html(v: dict) -> str:
     try:
         m, par = _model(v), _parallel(v)
         prec = PRECISIONS[v["precision"]]
-        rows = memory_per_stage(m, par, prec)
+        rows = memory_per_stage(m, par, prec, attention=v["attention"])
         est = megatron_estimate(par.world_size, **megatron_kwargs(m, par))
         flops = model_flops_per_iteration(m, par)
         b = batch_math(m, par)
@@ -166,7 +169,7 @@ def memory_html(v: dict) -> str:
                 f"{base.gpus_per_node}-GPU nodes</li>")
     fits = "fits" if peak <= capacity else "does NOT fit"
     return (f"<p>peak {_num('peak_gib', peak / GIB, '{:.3f}')} GiB per GPU: {fits} in "
-            f"{capacity / GIB:.1f} GiB</p>" + memory_bars(rows, capacity)
+            f"{capacity / GIB:.1f} GiB ({html.escape(v['attention'])} attention)</p>" + memory_bars(rows, capacity)
             + "<table><tr><th>stage</th><th>weights</th><th>grads</th><th>optimizer</th>"
               "<th>activations</th><th>total (GiB)</th></tr>" + table + "</table>"
             + f"<p>Megatron-LM's own estimate (first stage): weight and optimizer "
@@ -185,7 +188,7 @@ def planner_html(v: dict, top: int = 5) -> str:
         m, c = _model(v), cluster(v["cluster"], int(v["nodes"]))
         cps = tuple(int(x) for x in str(v.get("context_parallel_sizes", "1")).split(","))
         result = plan(m, c, int(v["global_batch_size"]), recompute=("selective", "full"),
-                      context_parallel_sizes=cps)
+                      context_parallel_sizes=cps, attention=v["attention"])
     except ValueError as err:
         return _error(err)
     rows = "".join(
@@ -195,7 +198,8 @@ def planner_html(v: dict, top: int = 5) -> str:
         for i, r in enumerate(result["ranked"][:top]))
     why = "".join(f"<li>{html.escape(line)}</li>" for line in explain(result, c))
     return (f"<p>{_num('n_fit', len(result['ranked']))} layouts fit, {result['too_big']} do not, "
-            f"{result['invalid']} break a rule.</p><table><tr><th>TP</th><th>PP</th><th>CP</th><th>DP</th>"
+            f"{result['invalid']} break a rule (memory with {html.escape(result['attention'])} "
+            f"attention).</p><table><tr><th>TP</th><th>PP</th><th>CP</th><th>DP</th>"
             f"<th>mb</th><th>recompute</th><th>GiB</th><th>tokens/s</th><th>MFU</th></tr>{rows}"
             f"</table><ul>{why}</ul>")
 

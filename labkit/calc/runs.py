@@ -2,10 +2,11 @@
 
 Chapter "Planning a run". ``load_runs`` turns each row into labkit configurations and the
 measured step time; ``predict`` runs ``perf.step_time`` on it; ``fit`` finds the constants of
-``gemm.ComputeConstants`` on the rows of ``FIT_SOURCES`` only (pure-Python Levenberg-Marquardt on
-log(predicted / measured), each source weighted equally), so the other sources are held out. A
-source is one paper or one repository (its pages and tables are the ``table`` column). Pure Python:
-no numpy, no pandas.
+``gemm.ComputeConstants`` on the rows of the sources it is given (pure-Python Levenberg-Marquardt on
+log(predicted / measured), each source weighted equally). ``evaluate.py`` judges the model by
+leaving each source out of the fit in turn. A source is one paper or one repository (its pages and
+tables are the ``table`` column). ``HELDOUT`` is the frozen held-out set (data/README.md): read once,
+at the end. Pure Python: no numpy, no pandas.
 """
 from __future__ import annotations
 
@@ -13,16 +14,20 @@ import csv
 import math
 from pathlib import Path
 
-from .config import PrecisionConfig, ModelConfig, ParallelConfig
+from .config import ModelConfig, ParallelConfig, PrecisionConfig, virtual_pipeline_size
 from .flops import paper_flops_per_iteration
 from .gemm import ComputeConstants
 from .hardware import CLUSTERS, GPUS
 from .overlap import OverlapConfig
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "published_runs.csv"
-# fitted on these; held out: torchtitan, megatron_bridge, dgxc_benchmarking (frameworks the fit has
-# seen, on other clusters, versions and models)
-FIT_SOURCES = ("narayanan2021", "megatron_lm", "nemo", "bigscience", "llm_foundry")
+HELDOUT = DATA.with_name("published_runs_heldout.csv")
+HELDOUT_SHA256 = "ca8cb0f37a33c7188dbb6ebd62509c3814a4335981e8f117561d2466eb38b3a8"   # at the freeze
+SOURCES = ("narayanan2021", "megatron_lm", "nemo", "megatron_bridge", "bigscience", "llm_foundry",
+           "torchtitan", "dgxc_benchmarking")
+# torchtitan's default when an interleaved schedule gets no split points: 2 stages per rank
+# (torchtitan/parallelisms/pipelining_utils.py generate_split_points, commit 9dec370)
+DEFAULT_VP = {"torchtitan": 2}
 
 
 def _flops_megatron_r08(model: ModelConfig, par: ParallelConfig) -> float:
@@ -42,6 +47,8 @@ def measured_step_time(row: dict, model: ModelConfig, par: ParallelConfig) -> fl
         return value
     if unit == "tokens_per_s_per_gpu":
         return par.gbs * model.seq_length / (value * n)
+    if unit == "tokens_per_s":
+        return par.gbs * model.seq_length / value
     if unit == "tflops_per_gpu_narayanan_eq3":
         return paper_flops_per_iteration(model, par.gbs, row["recompute"] == "full") / (value * 1e12 * n)
     if unit == "tflops_per_gpu_megatron_r0.8":
@@ -53,31 +60,55 @@ def _flag(row, key) -> bool:
     return row[key] not in ("", "0", "False", "false")
 
 
-def run_configs(row: dict) -> dict:
-    """The labkit objects of one CSV row, and its measured step time."""
+def _opt_int(row, key):
+    return int(row[key]) if row.get(key) else None
+
+
+def run_configs(row: dict, vp: int | None = None) -> dict:
+    """The labkit objects of one CSV row, and its measured step time. A row whose ``vp`` is "?"
+    (interleaved, stages per rank not stated) takes ``vp`` if given, else its framework's default
+    (``DEFAULT_VP``), and says so in ``vp_assumed``."""
     i = lambda k: int(row[k])
+    moe = {}
+    if row.get("num_experts"):
+        moe = dict(num_experts=i("num_experts"), moe_router_topk=i("moe_router_topk"),
+                   moe_ffn_hidden_size=i("moe_ffn_hidden_size"))
     model = ModelConfig(i("num_layers"), i("hidden_size"), i("num_attention_heads"), seq_length=i("seq_length"),
                         vocab_size=i("vocab_size"), ffn_hidden_size=i("ffn_hidden_size"), swiglu=_flag(row, "swiglu"),
                         num_query_groups=int(row["num_query_groups"]) if row["num_query_groups"] else None,
-                        name=row["model"])
-    vp = i("vp")
-    slots = model.num_layers + int(_flag(row, "account_for_embedding")) + int(_flag(row, "account_for_loss"))
+                        kv_channels=_opt_int(row, "kv_channels"),
+                        untie_embeddings_and_output_weights=_flag(row, "untie_embeddings") if "untie_embeddings" in row else False,
+                        name=row["model"], **moe)
+    assumed_vp = row["vp"] == "?"
+    acc_embedding, acc_loss = _flag(row, "account_for_embedding"), _flag(row, "account_for_loss")
+    if assumed_vp:
+        vp = vp or DEFAULT_VP.get(row["framework"], 2)
+        # torchtitan's generated split gives the first and last stage one layer less when the layers
+        # do not divide: Megatron's split with the embedding and the loss each counted as a layer
+        if model.num_layers % (i("pp") * vp):
+            acc_embedding = acc_loss = True
+    vp = vp or i("vp")
+    slots = model.num_layers + int(acc_embedding) + int(acc_loss)
     zero = i("zero_stage")
+    first, last = _opt_int(row, "decoder_first_pipeline_num_layers"), _opt_int(row, "decoder_last_pipeline_num_layers")
+    uneven = first is not None or last is not None
     par = ParallelConfig(world_size=i("num_gpus"), tensor_model_parallel_size=i("tp"),
                          pipeline_model_parallel_size=i("pp"), context_parallel_size=i("cp"),
-                         expert_model_parallel_size=i("ep"),
-                         num_layers_per_virtual_pipeline_stage=slots // i("pp") // vp if vp > 1 else None,
+                         expert_model_parallel_size=i("ep"), expert_tensor_parallel_size=_opt_int(row, "etp"),
+                         num_layers_per_virtual_pipeline_stage=(
+                             None if vp == 1 else (1 if uneven else slots // i("pp") // vp)),
                          sequence_parallel=_flag(row, "sequence_parallel"), micro_batch_size=i("micro_batch_size"),
                          global_batch_size=i("global_batch_size"), zero_stage=zero,
                          use_distributed_optimizer=zero >= 1,
-                         recompute_granularity=None if row["recompute"] == "none" else row["recompute"],
-                         account_for_embedding_in_pipeline_split=_flag(row, "account_for_embedding"),
-                         account_for_loss_in_pipeline_split=_flag(row, "account_for_loss"))
+                         recompute_granularity=None if row["recompute"] == "none" else row["recompute"].split("_")[0],
+                         decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last,
+                         account_for_embedding_in_pipeline_split=acc_embedding,
+                         account_for_loss_in_pipeline_split=acc_loss)
     if par.dp != i("dp"):
         raise ValueError(f"{row['run_id']}: DP {par.dp} != the row's {row['dp']}")
     base = CLUSTERS[row["cluster"]]
-    cluster = base.with_(gpu=GPUS[row["gpu"]], gpus_per_node=i("gpus_per_node"),
-                         nodes=max(1, par.world_size // i("gpus_per_node")))
+    gpn = min(i("gpus_per_node"), par.world_size)     # a job smaller than a node uses part of it
+    cluster = base.with_(gpu=GPUS[row["gpu"]], gpus_per_node=gpn, nodes=par.world_size // gpn)
     precision = PrecisionConfig(2, i("grad_reduce_bytes"), 12, 2, row["precision"])
     overlap = OverlapConfig(overlap_grad_reduce=_flag(row, "overlap_grad_reduce"),
                             overlap_param_gather=_flag(row, "overlap_param_gather"),
@@ -85,9 +116,13 @@ def run_configs(row: dict) -> dict:
                             async_tp_backward=_flag(row, "async_tp_backward"),
                             scatter_gather_p2p=_flag(row, "scatter_gather_p2p"),
                             blocking_p2p=row["framework"] == "deepspeed")
-    return {"row": row, "model": model, "par": par, "cluster": cluster, "precision": precision,
+    # torchtitan's selective AC is per-op unless a row says "selective_layer" (its toml default 'op')
+    sac = row["recompute"].split("_")[1] if "_" in row["recompute"] else (
+        "op" if row["framework"] == "torchtitan" and row["recompute"] == "selective" else None)
+    return {"row": row, "model": model, "par": par, "cluster": cluster, "precision": precision, "sac": sac,
             "overlap": overlap, "fp8": row["precision"] == "fp8", "framework": row["framework"],
-            "attention": row["attention"], "measured": measured_step_time(row, model, par)}
+            "attention": row["attention"], "measured": measured_step_time(row, model, par),
+            "vp": vp, "vp_assumed": assumed_vp}
 
 
 def load_runs(path=DATA) -> list:
@@ -96,12 +131,31 @@ def load_runs(path=DATA) -> list:
         return [run_configs(r) for r in csv.DictReader(fh)]
 
 
+def heldout_sha256(path=HELDOUT) -> str:
+    import hashlib
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def predict(run: dict, constants: ComputeConstants | None = None, parts_only: bool = False) -> dict:
     """``perf.step_time`` of one run (``parts_only``: the seconds only, no MFU; faster)."""
     from .perf import step_parts, step_time
     f = step_parts if parts_only else step_time
     return f(run["model"], run["par"], run["cluster"], run["precision"], run["overlap"],
-             run["fp8"], run["framework"], run["attention"], constants)
+             run["fp8"], run["framework"], run["attention"], constants, run.get("sac"))
+
+
+def vp_range(row: dict, constants: ComputeConstants | None = None) -> dict:
+    """A row whose stages per rank are unknown (vp "?"): {vp: predicted step seconds} for every vp
+    its layers allow (each rank's chunks non-empty), the framework default marked by ``vp_assumed``."""
+    out = {}
+    for v in range(1, int(row["num_layers"]) // int(row["pp"]) + 1):
+        try:
+            run = run_configs(row, vp=v)
+            if virtual_pipeline_size(run["model"], run["par"]) == v:
+                out[v] = predict(run, constants, True)["step_time"]
+        except ValueError:
+            continue
+    return out
 
 
 def errors(runs: list, constants: ComputeConstants | None = None) -> list:
@@ -118,39 +172,49 @@ def summary(errs: list) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ fit
-# The free constants, by name: (where it goes in ComputeConstants, start, lower, upper). Megatron's
-# elementwise_bytes and layer_seconds are held at 0: a free fit drove both to 0 (its kernels are fused).
-FREE = {"gemm:V100": (0.5, 0, 1), "gemm:A100": (0.5, 0, 1), "gemm:H100": (0.5, 0, 1),
-        "attention:A100": (0.5, 0, 1), "attention:H100": (0.5, 0, 1), "attention:fsdp:H100": (0.5, 0, 1),
-        "elementwise:deepspeed": (100.0, 0, None), "elementwise:fsdp": (100.0, 0, None),
-        "layer:deepspeed": (1e-3, 0, None), "layer:fsdp": (1e-3, 0, None),
-        "factor:deepspeed": (1.0, 0, None), "fixed_seconds": (0.05, 0, None), "fp8_gemm_speedup": (1.5, 1, 2)}
+# The free constants, by name: (start, lower, upper). A constant no fitted run depends on keeps its
+# default (fit drops it), and a GPU generation without runs takes the mean efficiency of the others
+# (ComputeConstants.efficiency). Per-framework constants (element-wise bytes, per-layer costs, a
+# speed factor) were tried and dropped: fitted on one source of a framework, they moved the others
+# of that framework away from their measurements (book/planning.ipynb, "What changed").
+FREE = {"gemm:V100": (0.7, 0, 1), "gemm:A100": (0.7, 0, 1), "gemm:H100": (0.7, 0, 1),
+        "fixed_seconds": (0.05, 0, None), "fp8_ratio": (0.8, 0.5, 0.775 / 0.69)}
+
+
+DEFAULTS = {name: start for name, (start, _, _) in FREE.items()}
 
 
 def constants_from(v: dict) -> ComputeConstants:
-    """ComputeConstants from a {name in FREE: value} dict."""
+    """ComputeConstants from a {name in FREE: value} dict; a generation missing from ``v`` is left
+    out (it takes the others' mean), a framework constant missing takes its physical default."""
+    d = dict(DEFAULTS)
+    d.update(v)
     return ComputeConstants(
-        gemm_efficiency=tuple((g, v[f"gemm:{g}"]) for g in ("V100", "A100", "H100")),
-        attention_efficiency=(("A100", v["attention:A100"]), ("H100", v["attention:H100"]),
-                              ("fsdp:H100", v["attention:fsdp:H100"])),
-        elementwise_bytes=(("megatron", 0.0), ("deepspeed", v["elementwise:deepspeed"]),
-                           ("fsdp", v["elementwise:fsdp"])),
-        layer_seconds=(("megatron", 0.0), ("deepspeed", v["layer:deepspeed"]), ("fsdp", v["layer:fsdp"])),
-        framework_factor=(("megatron", 1.0), ("deepspeed", v["factor:deepspeed"]), ("fsdp", 1.0)),
-        fixed_seconds=v["fixed_seconds"], fp8_gemm_speedup=v["fp8_gemm_speedup"])
+        gemm_efficiency=tuple((g, v[f"gemm:{g}"]) for g in ("V100", "A100", "H100") if f"gemm:{g}" in v),
+        fixed_seconds=d["fixed_seconds"], fp8_ratio=d["fp8_ratio"])
 
 
-def _decode(z: list) -> dict:
+def _used(rows) -> list:
+    """The FREE constants some run of ``rows`` depends on."""
+    gens = {r["cluster"].gpu.generation for r in rows}
+    fp8 = any(r["fp8"] for r in rows)
+    return [n for n in FREE if n == "fixed_seconds" or (n == "fp8_ratio" and fp8)
+            or (n.startswith("gemm:") and n[5:] in gens)]
+
+
+def _decode(z: list, names: list) -> dict:
     """Unbounded z -> values in (lower, upper): logistic when bounded above, exp otherwise."""
     out = {}
-    for zi, (name, (_, lo, hi)) in zip(z, FREE.items()):
+    for zi, name in zip(z, names):
+        _, lo, hi = FREE[name]
         out[name] = lo + (hi - lo) / (1 + math.exp(-zi)) if hi is not None else lo + math.exp(zi)
     return out
 
 
-def _encode(v: dict) -> list:
+def _encode(v: dict, names: list) -> list:
     z = []
-    for name, (_, lo, hi) in FREE.items():
+    for name in names:
+        _, lo, hi = FREE[name]
         t = v[name] - lo
         z.append(math.log(t / (hi - lo - t)) if hi is not None else math.log(t))
     return z
@@ -172,20 +236,25 @@ def _solve(A, b):
     return x
 
 
-def fit(runs: list, sources=FIT_SOURCES, iters: int = 40, start: dict | None = None) -> tuple:
-    """Levenberg-Marquardt on log(predicted / measured) over the runs of ``sources``, each source
-    weighted equally (a row weighs 1/sqrt(rows of its source)). Returns (constants, values)."""
-    rows = [r for r in runs if r["row"]["source"] in sources]
-    count = {s: sum(r["row"]["source"] == s for r in rows) for s in sources}
+def fit(runs: list, sources=None, iters: int = 40, start: dict | None = None) -> tuple:
+    """Levenberg-Marquardt on log(predicted / measured) over the runs of ``sources`` (default: all),
+    each source weighted equally (a row weighs 1/sqrt(rows of its source)). Only the constants these
+    runs depend on are fitted. Returns (constants, values)."""
+    rows = [r for r in runs if sources is None or r["row"]["source"] in sources]
+    count = {}
+    for r in rows:
+        count[r["row"]["source"]] = count.get(r["row"]["source"], 0) + 1
     w = [1 / math.sqrt(count[r["row"]["source"]]) for r in rows]
+    names = _used(rows)
 
     def resid(z):
-        k = constants_from(_decode(z))
+        k = constants_from(_decode(z, names))
         return [wi * math.log(predict(r, k, True)["step_time"] / r["measured"]) for wi, r in zip(w, rows)]
 
-    z = _encode(start or {name: v[0] for name, v in FREE.items()})
+    z = _encode({n: (start or {}).get(n, FREE[n][0]) for n in names}, names)
     res = resid(z)
     cost, lam, n = sum(x * x for x in res), 1e-3, len(z)
+    done = False
     for _ in range(iters):
         cols = []
         for j in range(n):   # forward-difference Jacobian, one column per constant
@@ -196,7 +265,6 @@ def fit(runs: list, sources=FIT_SOURCES, iters: int = 40, start: dict | None = N
         g = [sum(x * y for x, y in zip(ci, res)) for ci in cols]
         improved = False
         while lam < 1e8:
-            # damping on the diagonal; + 1e-12 keeps a constant no fitted run depends on at its start
             step = _solve([[A[i][j] + (lam * A[i][i] + 1e-12 if i == j else 0.0) for j in range(n)] for i in range(n)],
                           [-gi for gi in g])
             trial = [a + b for a, b in zip(z, step)]
@@ -209,5 +277,5 @@ def fit(runs: list, sources=FIT_SOURCES, iters: int = 40, start: dict | None = N
             lam *= 4
         if not improved or done:
             break
-    values = _decode(z)
+    values = _decode(z, names)
     return constants_from(values), values

@@ -29,6 +29,7 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 DATA_PATH = str(DATA / "indexed" / "tinyshakespeare_text_document")   # Megatron's --data-path
 MODELS = {"gpt2-large": ("gpt2-774m", 36, 1280, 20), "gpt2-xl": ("gpt2-1.5b", 48, 1600, 25)}
 NOTE_003_HEADS = 16   # the runs' launch scripts pass --num-attention-heads 16 (data/README.md)
+# ... and --fp16 (data/README.md): fp16 weights and main gradients, fp32 master weights and Adam
 # the runs' optimizer, from their launch script (github.com/vuiseng9/megatron-lm @ 709cbcce,
 # examples/gpt3/_old/100_train_gpt2_large.sh, a copy of Megatron's train_gpt3_175b_distributed.sh)
 NOTES_OPTIMIZER = dict(lr=6e-5, clip_grad=1.0, weight_decay=0.1, adam_beta2=0.95)
@@ -58,6 +59,7 @@ class Experiment:
     mem_gib: tuple = ()            # measured memory per GPU (GiB), one value per GPU reported
     oom: bool = False
     num_attention_heads: int | None = None   # None: the model's own (GPT-2 large 20, XL 25)
+    precision: str = "bf16"        # the run's Megatron flag: "fp16" or "bf16" (report.PRECISION)
     assumed: tuple = field(default_factory=tuple)
 
     @property
@@ -113,7 +115,7 @@ def _strategies() -> list[Experiment]:
                 cp=int(r["cp"]), sequence_parallel=r["sequence_parallel"] == "True",
                 micro_batch_size=mb, global_batch_size=int(r["global_batch_size"]), seq_length=1024,
                 hardware="2x H200 141GB, NVLink", cluster="dgx-h200", step_ms=float(r["step_ms"]),
-                mem_gib=mem, num_attention_heads=NOTE_003_HEADS, assumed=assumed))
+                mem_gib=mem, num_attention_heads=NOTE_003_HEADS, precision="fp16", assumed=assumed))
     return out
 
 

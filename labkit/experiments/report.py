@@ -7,8 +7,8 @@ One row per catalogued experiment. Three groups of columns:
   lines: the most parameter + gradient + optimizer bytes any rank held, beside labkit.calc's
   prediction for that run (``memory_per_stage``; fp32 AdamW: 4 + 4 + 8 bytes per parameter);
 * the tutorial's Megatron-LM run (``data/``): step time and memory per GPU, or "OOM";
-* labkit.calc at the tutorial's size (GPT-2 BPE vocabulary, the runs' head count, 16-bit weights with
-  fp32 gradients and Adam states, flash attention, no recompute): the peak memory per GPU of
+* labkit.calc at the tutorial's size (GPT-2 BPE vocabulary, the runs' head count, the runs' precision
+  as Megatron allocates it (:data:`PRECISION`), flash attention, no recompute): the peak memory per GPU of
   labkit's model and whether it fits in 90% of the GPU (the planner's criterion), Megatron's own
   estimate (``megatron_estimate``, first stage, which ignores CP in the activations), and the
   predicted step time (``step_time`` on one node of that GPU).
@@ -19,7 +19,16 @@ import json
 import statistics
 from pathlib import Path
 
+from ..calc.config import MIXED_18, PrecisionConfig
 from .catalogue import CATALOGUE, MODELS, Experiment
+
+# Bytes per parameter as Megatron-LM allocates them (d98e8a64, megatron/training/arguments.py
+# validate_args, lines 1204-1216): only under --bf16 is accumulate_allreduce_grads_in_fp32 turned
+# on; it becomes DDP's grad_reduce_in_fp32 (training.py:2635), and the gradient buffer is fp32
+# with it, else the parameters' dtype (core/distributed/param_and_grad_buffer.py:895). So --bf16
+# runs hold 2 + 4 + 12 = 18 B per parameter and --fp16 runs (the H200 runs) 2 + 2 + 12 = 16 B.
+PRECISION = {"bf16": MIXED_18,
+             "fp16": PrecisionConfig(2, 2, 12, 2, "fp16 + fp16 main grads (Megatron --fp16)")}
 
 GIB = 2 ** 30
 HEADROOM = 0.9   # "fits": at most 90% of the GPU's memory, the planner's criterion (calc.planner.plan)
@@ -30,19 +39,19 @@ COLUMNS = ["id", "layout", "scale", "iters", "ms/iter", "lm loss", "held MB", "p
 def predicted_held_mb(config: dict, world_size: int) -> float:
     """labkit.calc's params + grads + optimizer bytes on the fullest rank of a labkit run (AdamW in
     the run's dtype: weight, gradient and two moments, 4 or 8 bytes each)."""
-    from ..calc.config import PrecisionConfig
     from ..calc.memory import memory_per_stage
     from ..config import TrainConfig
     cfg = TrainConfig(**config)
     b = 8 if cfg.params_dtype == "float64" else 4
     model, par = cfg.megatron_view(world_size)
-    rows = memory_per_stage(model, par, PrecisionConfig(b, b, 2 * b, b, cfg.params_dtype))
+    rows = memory_per_stage(model, par, PrecisionConfig(b, b, 2 * b, b, cfg.params_dtype),
+                            attention="math")   # labkit's dense attention (only the states are read)
     return max(r["params"] + r["grads"] + r["optimizer"] for r in rows) / 2 ** 20
 
 
 def full_size_prediction(e: Experiment) -> dict:
     """labkit.calc for the tutorial's own run: memory per GPU, fit, Megatron's estimate, step time."""
-    from ..calc import MIXED_18, ParallelConfig, megatron_estimate, memory_per_stage, step_time
+    from ..calc import ParallelConfig, megatron_estimate, memory_per_stage, step_time
     from ..calc.flops import megatron_kwargs
     from ..calc.hardware import CLUSTERS
     from ..calc.presets import model
@@ -55,9 +64,10 @@ def full_size_prediction(e: Experiment) -> dict:
                          sequence_parallel=e.sequence_parallel, micro_batch_size=e.micro_batch_size,
                          global_batch_size=e.global_batch_size)
     cluster = CLUSTERS[e.cluster].with_(gpus_per_node=e.gpus, nodes=1)
-    peak = max(r["total"] for r in memory_per_stage(m, par, MIXED_18, attention="flash"))
-    est = megatron_estimate(e.gpus, **megatron_kwargs(m, par))
-    t = step_time(m, par, cluster, MIXED_18)
+    precision = PRECISION[e.precision]
+    peak = max(r["total"] for r in memory_per_stage(m, par, precision, attention="flash"))
+    est = megatron_estimate(e.gpus, **megatron_kwargs(m, par))   # Megatron's own: 18 B, any dtype
+    t = step_time(m, par, cluster, precision)
     return {"calc GiB/GPU": peak / GIB, "fits": peak <= HEADROOM * cluster.gpu.memory_bytes,
             "Megatron est. GiB": est["total_bytes"] / GIB, "calc ms": t["step_time"] * 1e3}
 

@@ -95,6 +95,18 @@ def _backend(e: Experiment, scale: str) -> str:
     return "nccl"
 
 
+def _check_writable(folder: Path) -> None:
+    """Create ``folder`` and write a file in it, or a ValueError naming it (a run's logs must not be
+    lost to an output folder that refuses them only once the training is done)."""
+    import tempfile
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ValueError(f"outdir: cannot write the logs to {folder}: {err.strerror or err}") from None
+
+
 def run(experiment_id: str, scale: str = "cpu", outdir="outdir", steps: int | None = None,
         seed: int = SEED, timeout: float = 600.0, **overrides) -> dict:
     """Train experiment ``experiment_id`` with labkit at ``scale`` and write ``outdir/<ID>/logs.txt``.
@@ -104,6 +116,9 @@ def run(experiment_id: str, scale: str = "cpu", outdir="outdir", steps: int | No
     from ..megatron_bridge import parse_line
     from ..training import train
     e = get(experiment_id)
+    path = Path(outdir) / e.id / "logs.txt"
+    if int(os.environ.get("RANK", 0)) == 0:
+        _check_writable(path.parent)            # before the training, not after it
     config = {**e.train_config(scale), **overrides}
     steps = STEPS[scale] if steps is None else steps
     backend = _backend(e, scale)
@@ -115,9 +130,7 @@ def run(experiment_id: str, scale: str = "cpu", outdir="outdir", steps: int | No
     memory = memory_lines(result, steps, _cuda_memory() if scale == "full" else None)
     header = (f"# labkit experiments run {e.id} --scale {scale}: {e.strategy} on {e.gpus} rank(s), "
               f"seed {seed}, " + " ".join(f"{k}={v}" for k, v in config.items() if k != "data_path"))
-    path = Path(outdir) / e.id / "logs.txt"
     if int(os.environ.get("RANK", 0)) == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join([header, *iteration_lines, *memory]) + "\n")
         meta = {"id": e.id, "scale": scale, "world_size": e.gpus, "steps": steps, "seed": seed,
                 "config": config}     # what `experiments report` needs to predict this run
@@ -139,12 +152,10 @@ def megatron_command(e: Experiment, scale: str = "full", steps: int | None = Non
         data_path = os.path.relpath(e.train_config(scale)["data_path"])
     cfg = TrainConfig(**{**e.train_config(scale), "data_path": data_path})
     steps = STEPS[scale] if steps is None else steps
-    flags = to_flags(cfg, steps)
+    flags = to_flags(cfg, steps, seed)   # + --split 100,0,0 --seed: the same samples, same order
     # the byte vocabulary of the data file: NullTokenizer with 256 ids (d98e8a64: its vocab_size is
-    # the argument; EOD is 255, a byte the ASCII corpus never holds); the whole file is training
-    # data; labkit's learning rate is constant (Megatron's default decays it linearly)
-    flags += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--split", "100,0,0",
-              "--seed", str(seed), "--lr-decay-style", "constant", "--log-interval", "1",
+    # the argument; EOD is 255, a byte the ASCII corpus never holds)
+    flags += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "256", "--log-interval", "1",
               "--eval-iters", "0"]
     unknown = [f for f in flags if f.startswith("--") and f[2:] not in FLAGS]
     if unknown:
