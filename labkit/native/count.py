@@ -78,6 +78,7 @@ class ByteCounter(TorchDispatchMode):
             self.axes.setdefault(pg.group_name, axis)   # first name wins (dp before dp_cp ...)
         self.calls = defaultdict(lambda: defaultdict(int))
         self.bytes = defaultdict(lambda: defaultdict(float))
+        self.log: list[tuple[str, str, float]] = []    # (axis, op, bytes) in the order issued
 
     def _group(self, where, args):
         if isinstance(where, tuple):                    # functional op: the group's name
@@ -103,8 +104,10 @@ class ByteCounter(TorchDispatchMode):
             if op == "broadcast" and func is _c10d.broadcast_.default and args[2] != pg.rank():
                 full = 0                                # only the root sends
             axis = self.axes.get(pg.group_name) or "ranks " + ",".join(map(str, dist.get_process_group_ranks(pg)))
+            sent = textbook_bytes(op, n, full)
             self.calls[axis][op] += 1
-            self.bytes[axis][op] += textbook_bytes(op, n, full)
+            self.bytes[axis][op] += sent
+            self.log.append((axis, op, sent))
         return func(*args, **(kwargs or {}))
 
     def table(self) -> dict:

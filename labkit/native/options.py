@@ -21,7 +21,7 @@ SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")     # two stages per rank, placed r and 2p-1-r
 
 # context_parallel on the CPU, reproduced with the pinned torch (2.13.0, gloo): the error PyTorch
-# raises, quoted in refusals and in the chapter (tests/test_native_refusals.py reproduces it).
+# raises, quoted in refusals and in the chapter (tests/test_native_errors.py reproduces it).
 CP_ERROR = ("NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default "
             "does not have a sharding strategy registered.")
 

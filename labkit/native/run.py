@@ -124,6 +124,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
         t0 = now()
         mbs = local_microbatches(cfg, topo, coords["dp"], it, seed, tokens, steps * gbs)
         opt.zero_grad(set_to_none=True)
+        counter.log.clear()                         # this step's collectives, in order
         # CommDebugMode cannot wrap a pipelining step (options.COMMDEBUG_PP_ERROR): counter only
         debug = CommDebugMode() if sched is None else contextlib.nullcontext()
         with debug, counter:
@@ -142,6 +143,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
         if rank == 0 and log_line is not None and log_interval and ((it + 1) % log_interval == 0 or it + 1 == steps):
             send_to_parent(log_line(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs, losses[-1], norm))
     extra = {"coords": coords, "comm": counter.table(), "comm_last_step": _difference(per_step),
+             "comm_sequence": list(counter.log),
              "comm_debug": calls if sched is None else None,
              "memory": None,
              "implementation": "native", "schedule": schedule_of(cfg, opts)}
