@@ -8,9 +8,11 @@ below (the tests check the sum to the byte):
 
 * FSDP2 gathers and reduces per ``fully_shard`` unit (one per layer and the root), labkit per flat
   buffer: more calls, the same bytes; FSDP2 pads each parameter's dim 0 to a multiple of dp.
-* SP embedding: DTensor reduce-scatters the embedding's partial sums (Megatron-core's
-  ``reduce_scatter_embeddings``), labkit all-reduces them and keeps its slice (twice the bytes);
-  the learned positions are cut to [s/t, h] after the lookup, so their gradient is all-gathered.
+* SP embedding: the plan reduce-scatters the embedding's partial sums and cuts the learned
+  positions to [s/t, h] (so their gradient is all-gathered, s h / t more); labkit, like Megatron-core
+  with learned positions, all-reduces, adds the positions and keeps its slice (Megatron reduce-
+  scatters only without them: ``reduce_scatter_embeddings`` in
+  ``megatron/core/models/common/embeddings/language_model_embedding.py``, d98e8a64).
 * SP gradient sums: the row-parallel biases are added before the reduce-scatter under DTensor, so
   their gradient is complete; only the norms' gradients are summed (labkit sums both).
 * loss parallel: three all-reduces of [b, s] (max, sum of exponentials, target logit); labkit

@@ -144,3 +144,40 @@ def parity_rows(runs: dict, layouts=LAYOUTS) -> list[dict]:
         row["labkit run"] = lay.note or "the same layout"
         rows.append(row)
     return rows
+
+
+def byte_rows(runs: dict, layouts, steps: int, why: dict | None = None) -> list[dict]:
+    """One row per (layout, axis, collective) of rank 0: bytes and calls of one step, native counted
+    and predicted (``bytes.native_step_bytes``), labkit counted and ``labkit.calc``'s prediction.
+    labkit's counters hold ``steps`` identical steps; the native one is its last step (the first of
+    a pipeline also infers shapes). ``why``: {(layout, axis, op): text} for the last column."""
+    from ..config import train_config
+    from .bytes import labkit_calc_bytes, native_step_bytes
+    rows = []
+    for lay in layouts:
+        r = runs[lay.name]
+        cfg = train_config(params_dtype="float64", **lay.config)
+        native = r["native"]["comm_last_step"][0]
+        predicted = native_step_bytes(cfg, lay.world_size, lay.native)
+        labkit = {a: ops for a, ops in r["labkit"]["comm"][0].items() if ops} if "labkit" in r else {}
+        calc = labkit_calc_bytes(train_config(params_dtype="float64", **lay.labkit_config()), lay.world_size)
+        keys = sorted({(a, o) for t in (native, labkit) for a, ops in t.items() for o in ops} - {("pp", "p2p_header")})
+        for axis, op in keys:
+            n, lk = native.get(axis, {}).get(op), labkit.get(axis, {}).get(op)
+            rows.append({"layout": lay.name, "axis": axis, "collective": op,
+                         "native counted": _cell(n, 1), "native predicted": _fmt(predicted.get(axis, {}).get(op)),
+                         "labkit counted": _cell(lk, steps), "labkit.calc": _fmt(calc.get(axis, {}).get(op)),
+                         "why they differ": (why or {}).get((lay.name, axis, op), "")})
+    return rows
+
+
+def _fmt(b) -> str:
+    return "-" if b is None else f"{b:,.0f}"
+
+
+def _cell(c, steps: int) -> str:
+    """'bytes (calls)' of one step."""
+    if c is None:
+        return "-"
+    calls = c["calls"] / steps
+    return f"{c['bytes'] / steps:,.0f} ({calls:.0f})" if calls == int(calls) else f"{c['bytes'] / steps:,.0f}"

@@ -118,3 +118,48 @@ def apply_tensor_parallel(model, tp_mesh, sequence_parallel: bool = False,
 
 def is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
+
+
+def side_by_side(sequence_parallel: bool = False) -> list[dict]:
+    """One row per module of a layer and of the model's ends: labkit's plan (what its module swap
+    does, ``tensor_parallel.plan.describe``) beside the ParallelStyle this plan gives it."""
+    from ..tensor_parallel.plan import describe, tp_plan
+    ours = tensor_parallel_plan(["*"], sequence_parallel, loss_parallel=True)
+    rows = []
+    for name, what in describe(tp_plan(sequence_parallel)).items():
+        style = ours.get(name)
+        if name == "loss_fn":
+            code = "with loss_parallel(): cross_entropy"
+        elif name == "embedding.to_sequence_shard" and sequence_parallel:
+            code = "- (the positions are cut instead)"
+        else:
+            code = _short(style) if style else "-"
+        rows.append({"module": name, "labkit": what, "PyTorch": code})
+    extra = [k for k in ours if k not in {r["module"] for r in rows}]
+    rows += [{"module": k, "labkit": "-", "PyTorch": _short(ours[k])} for k in extra]
+    return rows
+
+
+def _short(style) -> str:
+    """A style as code, with only the arguments that differ from its defaults."""
+    name = type(style).__name__
+    if isinstance(style, (ColwiseParallel, RowwiseParallel)):
+        default = type(style)() if not isinstance(style, OutputParallel) else ColwiseParallel()
+        args = [f"{k}={_placement(getattr(style, a))}" for k, a in (("input_layouts", "input_layouts"),
+                                                                    ("output_layouts", "output_layouts"))
+                if getattr(style, a) != getattr(default, a)]
+        if style.use_local_output != default.use_local_output:
+            args.append(f"use_local_output={style.use_local_output}")
+        return f"{name}({', '.join(args)})"
+    if isinstance(style, PrepareModuleInput):
+        return (f"PrepareModuleInput({_placement(style.input_layouts)} -> "
+                f"{_placement(style.desired_input_layouts)})")
+    if isinstance(style, PrepareModuleOutput):
+        return (f"PrepareModuleOutput({_placement(style.output_layouts)} -> "
+                f"{_placement(style.desired_output_layouts)})")
+    return f"{name}()"
+
+
+def _placement(p) -> str:
+    p = p[0] if isinstance(p, tuple) else p
+    return "Replicate()" if isinstance(p, Replicate) else f"Shard({p.dim})"
