@@ -73,6 +73,16 @@ def local_shapes(cfg, world_size: int, opts: NativeOptions, rank: int = 0) -> li
     return out
 
 
+def unit_elements(cfg, world_size: int, opts: NativeOptions = NativeOptions(), rank: int = 0) -> dict:
+    """{FSDP2 unit: elements} of what ``rank`` holds: "layer <i>" per decoder layer, "root" for the
+    rest (embedding, final norm, output layer), before padding."""
+    out: dict = {}
+    for name, shape in local_shapes(cfg, world_size, opts, rank):
+        unit = f"layer {name.split('.')[2]}" if name.startswith("decoder.layers.") else "root"
+        out[unit] = out.get(unit, 0) + math.prod(shape)
+    return out
+
+
 def _numel(shape, pad_to: int = 1) -> int:
     """Elements of ``shape`` with dim 0 padded to a multiple of ``pad_to`` (FSDP2's shards)."""
     return math.ceil(shape[0] / pad_to) * pad_to * math.prod(shape[1:])

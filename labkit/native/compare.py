@@ -97,7 +97,7 @@ def run_layouts(layouts, steps: int = 5, seed: int = 0, dtype: str = "float64",
                                 "grads": assemble([r["grads"] for r in per_rank]),
                                 "comm": [r["extra"]["comm"] for r in per_rank],
                                 "comm_last_step": [r["extra"].get("comm_last_step") for r in per_rank],
-                                "comm_sequence": r0["extra"]["comm_sequence"],
+                                "comm_sequence": r0["extra"].get("comm_sequence"),
                                 "comm_debug": r0["extra"].get("comm_debug")}
     with one_thread():
         for lay in layouts:

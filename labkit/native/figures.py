@@ -46,29 +46,28 @@ def _box(x, y, colour):
                           edgecolor="#333333", linewidth=0.8)
 
 
-def unit_names(sequence, layer_bytes: float, root_bytes: float, layers: int, reshard: bool) -> list[str]:
+def unit_names(sequence, unit_bytes: dict, reshard: bool) -> list[str]:
     """Name each collective of an FSDP2 step by its unit, from FSDP2's order (forward: root, then
     the layers; backward: the root's output layer, the layers in reverse, each unit's
-    reduce-scatter after its backward). Raises if a collective's size is not its unit's."""
-    ag_f = ["root"] + [f"layer {i}" for i in range(layers)]
-    ag_b = (["root"] + [f"layer {i}" for i in reversed(range(layers))]) if reshard else []
-    rs = [f"layer {i}" for i in reversed(range(layers))] + ["root"]
-    names, queues = [], {"all_gather": ag_f + ag_b, "reduce_scatter": rs}
+    reduce-scatter after its backward). ``unit_bytes``: {unit: bytes one collective of it sends};
+    raises if a collective's size is not its unit's."""
+    layers = sorted((u for u in unit_bytes if u != "root"), key=lambda u: int(u.split()[1]))
+    ag_b = (["root"] + layers[::-1]) if reshard else []
+    names, queues = [], {"all_gather": ["root"] + layers + ag_b, "reduce_scatter": layers[::-1] + ["root"]}
     for _, op, nbytes in sequence:
         name = queues[op].pop(0)
-        want = root_bytes if name == "root" else layer_bytes
-        if abs(nbytes - want) > 0.5:
-            raise ValueError(f"{op} of {nbytes:.0f} B where FSDP2's order puts {name} ({want:.0f} B)")
+        if abs(nbytes - unit_bytes[name]) > 0.5:
+            raise ValueError(f"{op} of {nbytes:.0f} B where FSDP2's order puts {name} ({unit_bytes[name]:.0f} B)")
         names.append(name)
     return names
 
 
-def fsdp_figure(steps: dict, layer_bytes: float, root_bytes: float, layers: int):
+def fsdp_figure(steps: dict, unit_bytes: dict):
     """One row per run ({label: (comm_sequence, reshard_after_forward)}): its collectives in the
     order issued, each box as wide as the bytes it sends, named by its unit."""
     fig, ax = new(5.0, 0.9 * len(steps) + 1.2)
     for row, (label, (seq, reshard)) in enumerate(steps.items()):
-        names, x = unit_names(seq, layer_bytes, root_bytes, layers, reshard), 0.0
+        names, x = unit_names(seq, unit_bytes, reshard), 0.0
         for (_, op, nbytes), name in zip(seq, names):
             w = nbytes / 1e3
             ax.barh(-row, w, left=x, height=0.6, color=OPS[op][0], edgecolor="white")
