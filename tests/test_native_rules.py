@@ -157,3 +157,23 @@ def test_torch_schedules_timed_on_labkits_clock():
     assert bubble["DualPipeV"] == pytest.approx(bubble["ZBVZeroBubble"])
     with pytest.raises(ValueError, match="Schedule1F1B"):
         torch_order("1F1B", p, m)
+
+
+# -- figures ----------------------------------------------------------------------------------
+def test_chapter_figures_are_legible_on_a_phone_and_name_fsdp_units_by_size():
+    import json
+    from pathlib import Path
+
+    from labkit.figures.style import MIN_LABEL_PX, smallest_label_px
+    from labkit.native.figures import unit_names
+    nb = json.loads((Path(__file__).parent.parent / "book" / "pytorch-native.ipynb").read_text())
+    svgs = ["".join(o["data"]["image/svg+xml"]) for c in nb["cells"] if c["cell_type"] == "code"
+            for o in c.get("outputs", []) if "image/svg+xml" in o.get("data", {})]
+    assert len(svgs) >= 3
+    for text in svgs:
+        assert smallest_label_px(text) >= MIN_LABEL_PX
+    sizes = {"root": 10.0, "layer 0": 20.0, "layer 1": 20.0}
+    seq = [("dp", "all_gather", b) for b in (10, 20, 20)] + [("dp", "reduce_scatter", b) for b in (20, 20, 10)]
+    assert unit_names(seq, sizes, reshard=False) == ["root", "layer 0", "layer 1", "layer 1", "layer 0", "root"]
+    with pytest.raises(ValueError, match="FSDP2's order puts root"):
+        unit_names([("dp", "all_gather", 20.0)], sizes, reshard=False)

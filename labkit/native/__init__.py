@@ -16,8 +16,11 @@ labkit's Topology, in torchtitan's order:
     fsdp.py      FSDP2 fully_shard per layer (reshard_after_forward, MixedPrecisionPolicy, HSDP)
     run.py       the rank's training loop; grads.py its norm and reassembled gradients
     count.py     CommDebugMode (calls) and a byte counter on the same step
+    bytes.py     the bytes of a native step, predicted term by term (pure), and labkit.calc's
     options.py   NativeOptions and what the native path refuses, with the reason
-    timeline.py  the pipelining schedules' action lists, timed and drawn beside labkit's
+    errors.py    what does not run on the CPU, reproduced
+    timeline.py  the pipelining schedules' action lists, timed on labkit's clock
+    figures.py   the chapter's figures; compare.py both implementations and the reference
 """
 from .options import CP_ERROR, SCHEDULES, NativeOptions, check_native, resolve
 

@@ -130,23 +130,42 @@ def max_diffs(run: dict, ref: dict) -> tuple[float, float]:
 
 
 def parity_rows(runs: dict, layouts=LAYOUTS) -> list[dict]:
-    """One row per layout: ranks, native vs reference, labkit vs reference, native vs labkit."""
+    """One row per layout: ranks, then (pair, "loss" | "grad") -> max difference, for the pairs
+    native-reference, labkit-reference and native-labkit; "labkit ran": what labkit's run was."""
     rows = []
     for lay in layouts:
         if lay.name not in runs:
             continue
         r = runs[lay.name]
-        row = {"layout": lay.name, "ranks": lay.world_size}
-        pairs = [("native", "reference"), ("labkit", "reference"), ("native", "labkit")]
-        for a, b in pairs:
+        row = {("", "layout"): lay.name, ("", "ranks"): lay.world_size}
+        for a, b in (("native", "reference"), ("labkit", "reference"), ("native", "labkit")):
             if a in r and b in r:
-                row[f"{a} vs {b}: loss"], row[f"{a} vs {b}: grad"] = max_diffs(r[a], r[b])
-        row["labkit run"] = lay.note or "the same layout"
+                row[(f"{a} - {b}", "loss")], row[(f"{a} - {b}", "grad")] = max_diffs(r[a], r[b])
+        row[("", "labkit ran")] = lay.note.removeprefix("labkit: ") or "the same layout"
         rows.append(row)
     return rows
 
 
-def byte_rows(runs: dict, layouts, steps: int, why: dict | None = None) -> list[dict]:
+# Why native and labkit differ, per (layout, axis, collective) of the chapter's byte table
+BYTE_NOTES = {
+    ("FSDP2 (reshard after forward)", "dp", "all_gather"): "same bytes; 2 per unit (3 units)",
+    ("FSDP2 (reshard after forward)", "dp", "reduce_scatter"): "same bytes; 1 per unit",
+    ("FSDP2 (no reshard)", "dp", "all_gather"): "same bytes; 1 per unit",
+    ("FSDP2 (no reshard)", "dp", "reduce_scatter"): "same bytes; 1 per unit",
+    ("TP + SP + loss parallel", "tp", "all_gather"): "+ positions' grad, - t maxima",
+    ("TP + SP + loss parallel", "tp", "all_reduce"): "no embedding all-reduce, no bias sums",
+    ("TP + SP + loss parallel", "tp", "reduce_scatter"): "+ the embedding's (N/2)",
+    ("PP 1F1B", "pp", "send"): "same; labkit adds 24 B headers",
+    ("PP ZBVZeroBubble", "pp", "send"): "rank 0 holds both ends of the V",
+    ("HSDP 2 x 2", "dp_shard", "all_gather"): "over 2 shards, not 4",
+    ("HSDP 2 x 2", "dp_shard", "reduce_scatter"): "over 2 shards, not 4",
+    ("HSDP 2 x 2", "dp_replicate", "all_reduce"): "the shard, over 2 replicas",
+    ("HSDP 2 x 2", "dp", "all_gather"): "labkit: ZeRO-3 over 4",
+    ("HSDP 2 x 2", "dp", "reduce_scatter"): "labkit: ZeRO-3 over 4",
+}
+
+
+def byte_rows(runs: dict, layouts, steps: int, why: dict = BYTE_NOTES) -> list[dict]:
     """One row per (layout, axis, collective) of rank 0: bytes and calls of one step, native counted
     and predicted (``bytes.native_step_bytes``), labkit counted and ``labkit.calc``'s prediction.
     labkit's counters hold ``steps`` identical steps; the native one is its last step (the first of
@@ -164,10 +183,10 @@ def byte_rows(runs: dict, layouts, steps: int, why: dict | None = None) -> list[
         keys = sorted({(a, o) for t in (native, labkit) for a, ops in t.items() for o in ops} - {("pp", "p2p_header")})
         for axis, op in keys:
             n, lk = native.get(axis, {}).get(op), labkit.get(axis, {}).get(op)
-            rows.append({"layout": lay.name, "axis": axis, "collective": op,
-                         "native counted": _cell(n, 1), "native predicted": _fmt(predicted.get(axis, {}).get(op)),
-                         "labkit counted": _cell(lk, steps), "labkit.calc": _fmt(calc.get(axis, {}).get(op)),
-                         "why they differ": (why or {}).get((lay.name, axis, op), "")})
+            rows.append({"layout": lay.name, "axis": axis, "op": op.replace("_", "-"),
+                         "native": _cell(n, 1), "predicted": _fmt(predicted.get(axis, {}).get(op)),
+                         "labkit": _cell(lk, steps), "calc": _fmt(calc.get(axis, {}).get(op)),
+                         "why": why.get((lay.name, axis, op), "")})
     return rows
 
 

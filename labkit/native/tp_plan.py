@@ -137,6 +137,8 @@ def side_by_side(sequence_parallel: bool = False) -> list[dict]:
         rows.append({"module": name, "labkit": what, "PyTorch": code})
     extra = [k for k in ours if k not in {r["module"] for r in rows}]
     rows += [{"module": k, "labkit": "-", "PyTorch": _short(ours[k])} for k in extra]
+    for r in rows:                                   # shorter for the page: "layers.*.mlp"
+        r["module"] = r["module"].replace("decoder.layers.", "layers.").replace("decoder.", "")
     return rows
 
 
