@@ -30,6 +30,9 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     ap.add_argument("--log-interval", type=int, default=1)
+    ap.add_argument("--implementation", default="labkit", choices=["labkit", "native"],
+                    help="labkit's strategies, or the same layout through PyTorch's DTensor / FSDP2 / "
+                         "pipelining APIs (labkit/native/)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     ap.add_argument("--verbose", action="store_true",
                     help="on a rank's failure, also print its traceback and captured output")
@@ -80,6 +83,7 @@ def train_main(argv) -> int:
     steps, seed = args.pop("steps"), args.pop("seed")
     backend, log_interval = args.pop("backend"), args.pop("log_interval")
     timeout, verbose = args.pop("timeout"), args.pop("verbose")
+    implementation = args.pop("implementation")
     max_pos = args.pop("max_position_embeddings")
     args.pop("lr_decay_style"), args.pop("split")      # what to_flags writes: labkit's only choices
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
@@ -95,7 +99,8 @@ def train_main(argv) -> int:
             validate(model.with_(max_position_embeddings=max_pos), par)
         _exit_on_hangup()
         result = train(world_size=world, steps=steps, seed=seed, backend=backend,
-                       log_interval=log_interval, timeout=timeout, **config)
+                       log_interval=log_interval, timeout=timeout, implementation=implementation,
+                       **config)
     except ValueError as e:  # a bad layout: say which rule, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2

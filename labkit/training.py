@@ -49,21 +49,33 @@ def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, g
 
 def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "auto",
           log_interval: int = 1, timeout: float = 600.0, capture_grads: bool = False,
-          **config) -> TrainResult:
+          implementation="labkit", **config) -> TrainResult:
     """Train the GPT on ``world_size`` ranks for ``steps`` iterations; see the module docstring.
 
     ``capture_grads``: also return every parameter's gradient after step 1 (averaged, before
     clipping), reassembled under the dense model's names (for parity tests and labs).
+    ``implementation``: "labkit" (this package's strategies), or "native" (or a
+    ``labkit.native.NativeOptions``): the same layout through PyTorch's DTensor / FSDP2 /
+    pipelining APIs (labkit/native/).
     """
     cfg = train_config(**config)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    cfg.validate(world_size)  # fails here, before any process starts
+    from .native.options import check_native, resolve
+    native = resolve(implementation)
+    if native is None:
+        cfg.validate(world_size)  # fails here, before any process starts
+    else:
+        check_native(cfg, world_size, native)   # and what PyTorch's APIs cannot express
     rank_bytes = preflight(cfg, world_size, seed, log_interval)   # the data, seed, memory per rank
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
     from .launcher import launch
-    outs = launch(_worker, world_size, cfg, steps, seed, log_interval, capture_grads,
+    fn, extra = _worker, ()
+    if native is not None:
+        from .native.run import worker as fn
+        extra = (native, format_iteration)
+    outs = launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, *extra,
                   backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     grads = None
     if capture_grads:

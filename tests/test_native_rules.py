@@ -1,0 +1,179 @@
+"""Tier 1 (no processes): what the PyTorch-native path refuses and why, the mesh it builds from a
+Topology, its byte prediction, and the pipelining schedules' own action lists, timed.
+
+Issue 26. Pure checks: each fails on a plausible bug (a mesh in the wrong order, a refusal that
+lets a layout through, a V-shaped placement drawn as a loop, a byte term counted twice).
+"""
+from __future__ import annotations
+
+import pytest
+
+from labkit import Topology
+from labkit.config import train_config
+from labkit.native import CP_ERROR, NativeOptions, check_native, resolve
+from labkit.native.bytes import labkit_calc_bytes, local_shapes, native_step_bytes
+from labkit.native.mesh import mesh_ranks, mesh_shape
+from labkit.native.pipeline import stage_indices
+
+PP = dict(pipeline_model_parallel_size=2, num_layers=4, untie_embeddings_and_output_weights=True,
+          global_batch_size=8)
+
+
+# -- refusals ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("world, config, opts, words", [
+    (2, dict(context_parallel_size=2), NativeOptions(), [CP_ERROR, "context_parallel_size 2"]),
+    (2, dict(num_experts=2), NativeOptions(), ["num_experts", "expert-parallel style"]),
+    (2, dict(zero_stage=1), NativeOptions(), ["zero_stage 1", "zero_stage 2"]),
+    (2, dict(use_distributed_optimizer=True), NativeOptions(), ["use_distributed_optimizer"]),
+    (2, dict(ddp_bucket_size=1000), NativeOptions(), ["ddp_bucket_size 1000"]),
+    (2, dict(hidden_dropout=0.1), NativeOptions(), ["dropout"]),
+    (2, dict(PP, untie_embeddings_and_output_weights=False), NativeOptions(), ["tied embeddings", "untie"]),
+    (2, PP, NativeOptions(schedule="GPipe"), ["schedule must be one of"]),
+    (2, dict(PP, num_layers=2), NativeOptions(schedule="ZBVZeroBubble"), ["num_layers 2", "2 x pp = 4"]),
+    (2, dict(PP, global_batch_size=4), NativeOptions(schedule="DualPipeV"), ["2 < 4"]),
+    (2, PP, NativeOptions(schedule="Interleaved1F1B"), ["num_layers_per_virtual_pipeline_stage"]),
+    (4, dict(zero_stage=3), NativeOptions(dp_replicate=3), ["dp_replicate must divide", "4"]),
+    (4, dict(), NativeOptions(dp_replicate=2), ["HSDP", "zero_stage 2 or 3"]),
+    (2, dict(), NativeOptions(mixed_precision="bf16"), ["MixedPrecisionPolicy"]),
+    (2, dict(zero_stage=3, params_dtype="float64"), NativeOptions(mixed_precision="bf16"), ["float32"]),
+    (2, dict(zero_stage=3), NativeOptions(mixed_precision="fp16"), ["'bf16'"]),
+])
+def test_layouts_the_native_path_cannot_express_are_refused_with_the_reason(world, config, opts, words):
+    with pytest.raises(ValueError) as e:
+        check_native(train_config(**config), world, opts)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_labkits_own_rules_come_first_and_good_layouts_pass():
+    with pytest.raises(ValueError, match="num_attention_heads"):            # Megatron's rule
+        check_native(train_config(tensor_model_parallel_size=3), 3, NativeOptions())
+    for world, config, opts in [(2, dict(zero_stage=3), NativeOptions()),
+                                (4, dict(zero_stage=2), NativeOptions(dp_replicate=2)),
+                                (2, PP, NativeOptions(schedule="DualPipeV")),
+                                (8, dict(PP, tensor_model_parallel_size=2), NativeOptions())]:
+        assert check_native(train_config(**config), world, opts).world_size == world
+
+
+def test_implementation_argument():
+    assert resolve("labkit") is None and resolve("native") == NativeOptions()
+    opts = NativeOptions(schedule="ZBVZeroBubble")
+    assert resolve(opts) is opts
+    with pytest.raises(ValueError, match="'labkit', 'native'"):
+        resolve("torchtitan")
+    import labkit
+    with pytest.raises(ValueError, match="context_parallel"):   # refused before any process starts
+        labkit.train(world_size=2, steps=1, context_parallel_size=2, implementation="native")
+
+
+def test_cli_passes_the_implementation(monkeypatch):
+    import labkit.__main__ as cli
+    import labkit.training
+    seen = {}
+
+    def fake_train(**kw):
+        seen.update(kw)
+        raise ValueError("stop here")
+    monkeypatch.setattr(labkit.training, "train", fake_train)
+    monkeypatch.setattr(cli, "_exit_on_hangup", lambda: None)   # keep pytest's own signal handlers
+    assert cli.train_main(["--implementation", "native", "--world-size", "2", "--zero-stage", "3"]) == 2
+    assert seen["implementation"] == "native" and seen["zero_stage"] == 3
+    with pytest.raises(SystemExit):
+        cli.train_parser().parse_args(["--implementation", "titan"])
+
+
+# -- the mesh ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("world, tp, pp", [(8, 2, 2), (8, 4, 1), (8, 1, 2), (4, 2, 1)])
+def test_mesh_slices_are_labkits_groups(world, tp, pp):
+    """Every 1-d slice of the mesh along a dimension is a group of labkit's Topology on that axis."""
+    topo = Topology(world, tp=tp, pp=pp)
+    shape, names = mesh_shape(topo)
+    assert names == ("pp", "dp", "tp") and shape == (pp, topo.dp, tp)
+    mesh = mesh_ranks(topo)                                   # [pp][dp][tp]
+    slices = {"tp": [row for plane in mesh for row in plane],
+              "dp": [[plane[i][j] for i in range(topo.dp)] for plane in mesh for j in range(tp)],
+              "pp": [[mesh[k][i][j] for k in range(pp)] for i in range(topo.dp) for j in range(tp)]}
+    for axis, groups in slices.items():
+        assert sorted(map(sorted, groups)) == sorted(map(sorted, topo.groups(axis))), axis
+
+
+def test_hsdp_mesh_splits_dp_with_shards_fastest():
+    shape, names = mesh_shape(Topology(8, tp=2), dp_replicate=2)
+    assert names == ("pp", "dp_replicate", "dp_shard", "tp") and shape == (1, 2, 2, 2)
+    with pytest.raises(ValueError, match="dp_replicate 3"):
+        mesh_shape(Topology(8, tp=2), dp_replicate=3)
+
+
+def test_v_shaped_placement():
+    assert [stage_indices("ZBVZeroBubble", 4, r, 2) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [stage_indices("Interleaved1F1B", 2, r, 2) for r in range(2)] == [[0, 2], [1, 3]]
+
+
+# -- bytes (pure) -----------------------------------------------------------------------------
+def test_fsdp2_bytes_are_the_zero_formulas_and_pad_each_parameter():
+    from labkit.calc.comm import dp_step_bytes
+    cfg = train_config(zero_stage=3)
+    params = train_config().model_config().num_parameters()
+    assert sum(_n(x) for _, x in local_shapes(cfg, 2, NativeOptions())) == params
+    assert native_step_bytes(cfg, 2)["dp"] == dp_step_bytes(params * 4, 2, 3)
+    assert labkit_calc_bytes(cfg, 2)["dp"] == dp_step_bytes(params * 4, 2, 3)
+    # 3 ranks: rows not divisible by 3 are padded (FSDP2 shards dim 0 in equal chunks)
+    cfg3 = train_config(zero_stage=2, micro_batch_size=1)
+    padded = native_step_bytes(cfg3, 3)["dp"]["all_gather"] * 3 / 2 / 4
+    assert padded > params and padded == sum(-(-x[0] // 3) * 3 * _n(x[1:]) for _, x in local_shapes(cfg3, 3, NativeOptions()))
+
+
+def _n(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def test_pipeline_sends_follow_the_placement():
+    cfg = train_config(**PP)                                  # m = 4 microbatches of [2, 64, 64]
+    act = 2 * 64 * 64 * 4
+    one = native_step_bytes(cfg, 2, NativeOptions(schedule="1F1B"))["pp"]["send"]
+    v = native_step_bytes(cfg, 2, NativeOptions(schedule="ZBVZeroBubble"))["pp"]["send"]
+    assert (one, v) == (4 * act, 8 * act)                     # rank 0: stage 0 only vs stages 0 and 3
+    assert labkit_calc_bytes(cfg, 2)["pp"] == {"send": 4 * act, "p2p_header": 4 * 24}
+
+
+# -- timelines --------------------------------------------------------------------------------
+def test_torch_schedules_timed_on_labkits_clock():
+    from labkit.native.timeline import labkit_zb_h1, schedule_timeline, torch_order
+    from labkit.pipeline_parallel.schedules import one_f_one_b
+    from labkit.pipeline_parallel.simulate import simulate
+    p, m = 4, 8
+    for name in ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
+        order = torch_order(name, p, m)
+        for r, acts in enumerate(order):                      # every stage-microbatch's F once
+            fwd = sorted((s, mb) for k, s, mb in acts if k == "F")
+            assert fwd == sorted((s, mb) for s in stage_indices(name, p, r, 2) for mb in range(m)), (name, r)
+    bubble = {n: schedule_timeline(n, p, m).bubble_fraction
+              for n in ("Interleaved1F1B", "ZBVZeroBubble", "DualPipeV")}
+    assert bubble["Interleaved1F1B"] == pytest.approx(simulate(one_f_one_b(p, m)).bubble_fraction / 2)
+    assert bubble["ZBVZeroBubble"] < labkit_zb_h1(p, m).bubble_fraction < bubble["Interleaved1F1B"]
+    assert bubble["DualPipeV"] == pytest.approx(bubble["ZBVZeroBubble"])
+    with pytest.raises(ValueError, match="Schedule1F1B"):
+        torch_order("1F1B", p, m)
+
+
+# -- figures ----------------------------------------------------------------------------------
+def test_chapter_figures_are_legible_on_a_phone_and_name_fsdp_units_by_size():
+    import json
+    from pathlib import Path
+
+    from labkit.figures.style import MIN_LABEL_PX, smallest_label_px
+    from labkit.native.figures import unit_names
+    nb = json.loads((Path(__file__).parent.parent / "book" / "pytorch-native.ipynb").read_text())
+    svgs = ["".join(o["data"]["image/svg+xml"]) for c in nb["cells"] if c["cell_type"] == "code"
+            for o in c.get("outputs", []) if "image/svg+xml" in o.get("data", {})]
+    assert len(svgs) >= 3
+    for text in svgs:
+        assert smallest_label_px(text) >= MIN_LABEL_PX
+    sizes = {"root": 10.0, "layer 0": 20.0, "layer 1": 20.0}
+    seq = [("dp", "all_gather", b) for b in (10, 20, 20)] + [("dp", "reduce_scatter", b) for b in (20, 20, 10)]
+    assert unit_names(seq, sizes, reshard=False) == ["root", "layer 0", "layer 1", "layer 1", "layer 0", "root"]
+    with pytest.raises(ValueError, match="FSDP2's order puts root"):
+        unit_names([("dp", "all_gather", 20.0)], sizes, reshard=False)
