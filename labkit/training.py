@@ -46,21 +46,29 @@ def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, g
 
 def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "auto",
           log_interval: int = 1, timeout: float = 600.0, capture_grads: bool = False,
-          **config) -> TrainResult:
+          save: str | None = None, save_interval: int | None = None, load: str | None = None,
+          async_save: bool = False, attach=None, **config) -> TrainResult:
     """Train the GPT on ``world_size`` ranks for ``steps`` iterations; see the module docstring.
 
-    ``capture_grads``: also return every parameter's gradient after step 1 (averaged, before
-    clipping), reassembled under the dense model's names (for parity tests and labs).
+    ``capture_grads``: also return every parameter's gradient after the run's first iteration
+    (averaged, before clipping), reassembled under the dense model's names (for parity tests and labs).
+    Checkpoints (``labkit.checkpoint``, Megatron's flags): ``save`` a folder, every ``save_interval``
+    iterations and at the end (``async_save``: written in the background); ``load`` a folder, any
+    layout: ``steps`` counts iterations in total, as ``--train-iters``, so a run loaded at iteration
+    2 with ``steps=5`` trains iterations 3-5. ``attach(engine, topo, groups, cfg)``: a probe built on
+    every rank (``labkit.debug``), told ``begin(iteration)`` and ``end()`` (returned in ``ranks``).
     """
     cfg = train_config(**config)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     cfg.validate(world_size)  # fails here, before any process starts
+    from .checkpoint.run import check_arguments
+    ckpt = check_arguments(cfg, steps, save, save_interval, load, async_save)
     rank_bytes = preflight(cfg, world_size, seed, log_interval)   # the data, seed, memory per rank
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
     from .launcher import launch
-    outs = launch(_worker, world_size, cfg, steps, seed, log_interval, capture_grads,
+    outs = launch(_worker, world_size, cfg, steps, seed, log_interval, capture_grads, ckpt, attach,
                   backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     grads = None
     if capture_grads:
@@ -125,8 +133,9 @@ def rank_microbatches(cfg: TrainConfig, topo, iteration: int, seed: int, tokens,
             for x, y in data.microbatches(inputs, labels, cfg.micro_batch_size, topo.dp, dp_rank)]
 
 
-def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_grads: bool) -> dict:
-    """Runs on every rank: build, cut, train; rank 0 streams Megatron-format lines to the caller."""
+def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_grads: bool,
+            ckpt: dict | None = None, attach=None) -> dict:
+    """Runs on every rank: build, cut, (load), train, (save); rank 0 streams Megatron-format lines."""
     import torch.distributed as dist
 
     from . import data, moe_stats
@@ -140,20 +149,31 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     rank, gbs = dist.get_rank(), cfg.global_batch(topo)
     tokens = data.load_tokens() if cfg.data_path is None else None   # else: cfg.data_path
     losses, norms, times, grads, moe = [], [], [], [], []
-    for it in range(steps):
+    from .checkpoint.run import resume
+    start, saver = resume(ckpt, engine, cfg, topo, seed)    # (0, None) without checkpoints
+    probe = attach(engine, topo, groups, cfg) if attach is not None else None
+    for it in range(start, steps):
+        if probe is not None:
+            probe.begin(it)
         t0 = now()                                          # synchronizes a CUDA device first
         mbs = rank_microbatches(cfg, topo, it, seed, tokens, num_samples=steps * gbs)
-        loss, grad_norm = engine.step(mbs, capture_grads=capture_grads and it == 0)
+        loss, grad_norm = engine.step(mbs, capture_grads=capture_grads and it == start)
         times.append((now() - t0) * 1e3)
         losses.append(loss)
         norms.append(grad_norm)
         moe.append(step_metrics(engine.runner.chunks, groups, cfg, topo))   # None without MoE
-        if capture_grads and it == 0:
+        if capture_grads and it == start:
             grads = dense_shards(engine, "grads")
         if rank == 0 and log_interval and ((it + 1) % log_interval == 0 or it + 1 == steps):
             send_to_parent(format_iteration(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs,
                                             loss, grad_norm, moe[-1]))
-    extra = {"coords": topo.coords(rank),
+        if saver is not None and (it + 1) % (ckpt["save_interval"] or steps) == 0:
+            saver.save(it + 1, (it + 1) * gbs)
+    if saver is not None and steps > start and steps % (ckpt["save_interval"] or steps):
+        saver.save(steps, steps * gbs)                      # Megatron saves at the end too
+    extra = {"coords": topo.coords(rank), "start": start,
+             "checkpoint": saver.finish() if saver is not None else None,
+             "probe": probe.end() if probe is not None else None,
              "comm": {axis: g.stats.snapshot() for axis, g in groups.items()},
              # bytes of params/grads/optimizer held at the last step's gradient sync (data_parallel/)
              "memory": engine.dp.memory}
