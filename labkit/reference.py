@@ -23,13 +23,13 @@ from .moe_stats import attach, stats_table, summarize
 
 
 def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture_grads: bool = False,
-                    return_model: bool = False, attach=None, **config):
+                    return_model: bool = False, probe=None, **config):
     """Losses of ``steps`` iterations on one device; arguments as for ``labkit.train``.
 
     Returns the list of losses, or a dict {"losses", "grad_norms", "grads" (after step 1, if
     ``capture_grads``), "model" (if ``return_model``), "moe" (MoE: the logged values per step,
-    as ``labkit.train`` reports them), "probe"} when any is asked for. ``attach(model)``: a probe
-    (``labkit.debug``) told ``begin(iteration)`` before each iteration and ``end()`` after the last.
+    as ``labkit.train`` reports them), "probe"} when any is asked for. ``probe(model)``: makes a
+    probe (``labkit.debug``) told ``begin(iteration)`` before each iteration and ``end()`` after the last.
 
     A MoE model routes each microbatch on its own, as Megatron does on one GPU with gradient
     accumulation: the load-balancing loss and the expert capacity are per microbatch (its
@@ -48,7 +48,7 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     for layer in moe_layers(model):
         layer.router.aux_loss_scale = 1.0 / m
     attach(model)                       # the MoE values labkit.train logs
-    probe = attach(model) if attach is not None else None
+    probe = probe(model) if probe is not None else None
     for it in range(steps):
         if probe is not None:
             probe.begin(it)

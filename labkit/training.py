@@ -47,7 +47,7 @@ def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, g
 def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "auto",
           log_interval: int = 1, timeout: float = 600.0, capture_grads: bool = False,
           save: str | None = None, save_interval: int | None = None, load: str | None = None,
-          async_save: bool = False, attach=None, **config) -> TrainResult:
+          async_save: bool = False, probe=None, **config) -> TrainResult:
     """Train the GPT on ``world_size`` ranks for ``steps`` iterations; see the module docstring.
 
     ``capture_grads``: also return every parameter's gradient after the run's first iteration
@@ -55,7 +55,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     Checkpoints (``labkit.checkpoint``, Megatron's flags): ``save`` a folder, every ``save_interval``
     iterations and at the end (``async_save``: written in the background); ``load`` a folder, any
     layout: ``steps`` counts iterations in total, as ``--train-iters``, so a run loaded at iteration
-    2 with ``steps=5`` trains iterations 3-5. ``attach(engine, topo, groups, cfg)``: a probe built on
+    2 with ``steps=5`` trains iterations 3-5. ``probe(engine, topo, groups, cfg)``: makes a probe on
     every rank (``labkit.debug``), told ``begin(iteration)`` and ``end()`` (returned in ``ranks``).
     """
     cfg = train_config(**config)
@@ -68,7 +68,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
     from .launcher import launch
-    outs = launch(_worker, world_size, cfg, steps, seed, log_interval, capture_grads, ckpt, attach,
+    outs = launch(_worker, world_size, cfg, steps, seed, log_interval, capture_grads, ckpt, probe,
                   backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     grads = None
     if capture_grads:
@@ -134,7 +134,7 @@ def rank_microbatches(cfg: TrainConfig, topo, iteration: int, seed: int, tokens,
 
 
 def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_grads: bool,
-            ckpt: dict | None = None, attach=None) -> dict:
+            ckpt: dict | None = None, probe=None) -> dict:
     """Runs on every rank: build, cut, (load), train, (save); rank 0 streams Megatron-format lines."""
     import torch.distributed as dist
 
@@ -151,7 +151,7 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     losses, norms, times, grads, moe = [], [], [], [], []
     from .checkpoint.run import resume
     start, saver = resume(ckpt, engine, cfg, topo, seed)    # (0, None) without checkpoints
-    probe = attach(engine, topo, groups, cfg) if attach is not None else None
+    probe = probe(engine, topo, groups, cfg) if probe is not None else None
     for it in range(start, steps):
         if probe is not None:
             probe.begin(it)
