@@ -17,7 +17,8 @@ from __future__ import annotations
 
 _LAZY = {
     "first_divergence": "divergence", "Divergence": "divergence", "divergence_table": "divergence",
-    "BUGS": "bugs", "assigned_bug": "bugs",
+    "BUGS": "bugs", "assigned_bug": "bugs", "assignment": "bugs",
+    "Recording": "fingerprints", "ReferenceRecording": "fingerprints",
     "HANGS": "hangs", "run_hang": "hangs",
     "check_nan": "nan", "plant_nan": "nan",
     "GradHistory": "probes", "crash_during_save": "probes",

@@ -1,0 +1,74 @@
+"""The first-divergence tool (labkit.debug) finds each planted bug at the right layer and collective.
+
+Issue 22, "Done when": each planted bug of ``labkit.debug.BUGS`` is located by the tool, and with
+no bug the tool reports no divergence (two layouts with several axes, two iterations: no false
+alarm from round-off). Tier 1 checks the ordering and the trace comparison on made-up records.
+"""
+from __future__ import annotations
+
+import pytest
+
+from labkit.debug import BUGS, first_divergence
+from labkit.debug.bugs import MODEL, assigned_bug, assignment, resolve
+from labkit.debug.compare import first_trace_difference, order_key
+from labkit.debug.trace import Collective
+
+
+@pytest.mark.parametrize("name", sorted(BUGS))
+def test_each_planted_bug_is_found_where_it_is(name):
+    bug = BUGS[name]
+    d = first_divergence(inject=name, **bug.kwargs())
+    assert d is not None, f"{name}: no divergence found"
+    want = bug.expect
+    assert (d.iteration, d.phase, d.layer) == (want.get("iteration", 0), want["phase"], want["layer"]), str(d)
+    assert want["tensor"] in d.tensor, str(d)
+    if "microbatch" in want:
+        assert d.microbatch == want["microbatch"], str(d)
+    assert d.collective_name == want["collective"], str(d)
+
+
+@pytest.mark.parametrize("world, layout", [
+    (4, dict(tensor_model_parallel_size=2, sequence_parallel=True, pipeline_model_parallel_size=2, num_layers=4)),
+    (4, dict(context_parallel_size=2, use_distributed_optimizer=True)),
+])
+def test_no_bug_no_divergence(world, layout):
+    assert first_divergence(world, steps=2, **{**MODEL, **layout}) is None
+
+
+def test_the_tool_refuses_what_it_cannot_compare():
+    with pytest.raises(ValueError, match="hidden_dropout 0.1: the first divergence is found against one device"):
+        first_divergence(2, hidden_dropout=0.1, **MODEL)
+    with pytest.raises(ValueError, match="params_dtype 'float32': the first divergence needs float64"):
+        first_divergence(2, **{**MODEL, "params_dtype": "float32"})
+    with pytest.raises(ValueError, match=r"inject must be one of \[.*'dp_grads_summed'"):
+        first_divergence(2, inject="typo", **MODEL)
+
+
+def test_assignments_hide_the_name_and_resolve_to_a_bug():
+    seen = {assigned_bug(s).name for s in range(40)}
+    assert seen == set(BUGS)                      # every bug can be assigned
+    a = assignment(7)
+    assert a["inject"] == "assigned-7" and resolve(a["inject"]) == assigned_bug(7).name
+    assert not any(name in str(a) for name in BUGS)
+
+
+def test_order_of_the_run():
+    """weights < forward < backward < grads; forward by layer up, backward by layer down."""
+    k = lambda *a: order_key(*a, num_layers=4)  # noqa: E731
+    assert k(0, "weights", None, "decoder.layers.3", 0) < k(0, "forward", 0, "embedding", 0)
+    assert k(0, "forward", 0, "decoder.layers.1", 0) < k(0, "forward", 0, "decoder.layers.2", 0)
+    assert k(0, "backward", 0, "decoder.layers.2", 0) < k(0, "backward", 0, "decoder.layers.1", 0)
+    assert k(0, "backward", 3, "embedding", 0) < k(0, "grads", None, "embedding", 0) < k(1, "weights", None, "embedding", 0)
+
+
+def _c(i, inputs="a", outputs="b", op="all_reduce"):
+    return Collective(i, op, "dp", ((4,), "->", (4,)), (0, "grads", None, None), "x", i, (inputs, 1.0), (outputs, 1.0))
+
+
+def test_trace_difference_finds_a_changed_input_and_a_missing_collective():
+    clean = [{"rank": 0, "collectives": [_c(0), _c(1), _c(2)]}, {"rank": 1, "collectives": [_c(0), _c(1)]}]
+    bad = [{"rank": 0, "collectives": [_c(0), _c(1, inputs="z"), _c(2)]}, {"rank": 1, "collectives": [_c(0)]}]
+    got = {r: (k, ours, theirs) for r, k, ours, theirs in first_trace_difference(bad, clean)}
+    assert got[0][0] == 1 and got[0][1].inputs == ("z", 1.0)
+    assert got[1] == (1, None, clean[1]["collectives"][1])
+    assert first_trace_difference(clean, clean) == []
