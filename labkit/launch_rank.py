@@ -242,6 +242,8 @@ def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeou
     os.dup2(log.fd, 2)
     os.close(log.fd)
     faulthandler.enable()                 # SIGSEGV/SIGBUS: the Python stack, in the captured output
+    if hasattr(signal, "SIGUSR1"):        # the caller's hang report asks for every thread's stack
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     os.environ.clear()                    # the forkserver's environment is the first launch's:
