@@ -248,6 +248,7 @@ def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeou
     sys.stderr.reconfigure(line_buffering=True)
     os.environ.clear()                    # the forkserver's environment is the first launch's:
     os.environ.update(env)                # replace it with the caller's at this launch
+    dist.set_debug_level_from_env()       # TORCH_DISTRIBUTED_DEBUG: read at import, in the forkserver
     torch.set_num_threads(1)              # N ranks share the cores; also makes CPU sums reproducible
     state.channel = (results_q, rank)
     try:
