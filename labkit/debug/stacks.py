@@ -17,7 +17,7 @@ import re
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)[^\n]*\(most recent call first\):", re.M)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
 _TORCH_DIST = ("torch/distributed/distributed_c10d.py",)
-_SKIP = ("torch/distributed/c10d_logger.py", "torch/distributed/", "/labkit/debug/")
+_SKIP = ("torch/distributed/",)
 
 
 def threads(dump: str) -> list[list[tuple[str, int, str]]]:
