@@ -19,8 +19,8 @@ _LAZY = {
     "first_divergence": "divergence", "Divergence": "divergence", "divergence_table": "divergence",
     "BUGS": "bugs", "assigned_bug": "bugs", "assignment": "bugs",
     "Recording": "fingerprints", "ReferenceRecording": "fingerprints",
-    "HANGS": "hangs", "run_hang": "hangs",
-    "check_nan": "nan", "plant_nan": "nan",
+    "HANGS": "hangs", "run_hang": "hangs", "flight_recorder_entries": "hangs",
+    "check_nan": "nan", "plant_nan": "nan", "chain": "nan",
     "GradHistory": "probes", "crash_during_save": "probes",
     "waits_from_stacks": "stacks",
 }
