@@ -100,6 +100,10 @@ def test_each_value_is_written_once(tmp_path):
     res = labkit.train(world_size=4, steps=1, log_interval=0, save=tmp_path, **kw)
     params = sum(p.numel() for p in labkit.model.GPT(res.config.model_config()).parameters())
     assert sum(r["checkpoint"][0]["bytes"] for r in res.ranks) == 3 * params * 8
+    from labkit.calc.goodput import checkpoint_bytes    # the calculator counts the same bytes
+    model, par = res.config.megatron_view(4)
+    fp64 = labkit.calc.PrecisionConfig(8, 8, 16, 8, "fp64")
+    assert checkpoint_bytes(model, par, fp64)["total"] == 3 * params * 8
 
 
 def test_dcp_reads_the_files_back_to_one_devices_weights(tmp_path):
