@@ -72,3 +72,15 @@ def test_trace_difference_finds_a_changed_input_and_a_missing_collective():
     assert got[0][0] == 1 and got[0][1].inputs == ("z", 1.0)
     assert got[1] == (1, None, clean[1]["collectives"][1])
     assert first_trace_difference(clean, clean) == []
+
+
+def test_command_line(capsys):
+    """``python -m labkit diverge --list-bugs``; the train flags of checkpoints parse."""
+    from labkit.__main__ import main, train_parser
+    assert main(["diverge", "--list-bugs"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in BUGS)
+    args = train_parser().parse_args(["--save", "a", "--save-interval", "2", "--load", "b", "--async-save"])
+    assert (args.save, args.save_interval, args.load, args.async_save) == ("a", 2, "b", True)
+    assert main(["diverge", "--world-size", "2", "--inject", "nope"]) == 2
+    assert "inject must be one of" in capsys.readouterr().err
