@@ -58,8 +58,8 @@ class Mismatch:
     reference_max: float
 
 
-def mismatches(ranks: list[dict], ref: dict, num_layers: int) -> list[Mismatch]:
-    """Every record of every rank beyond tolerance, in the run's order."""
+def compared(ranks: list[dict], ref: dict, num_layers: int) -> list[Mismatch]:
+    """Every record of every rank with its difference from the reference, in the run's order."""
     names = {n: i for i, n in enumerate(ref["weights"][0])}
     out = []
     for r in ranks:
@@ -71,11 +71,30 @@ def mismatches(ranks: list[dict], ref: dict, num_layers: int) -> list[Mismatch]:
                                  f"the reference cut for it {tuple(want.shape)}")
             diff = float((got - want).abs().max()) if got.numel() else 0.0
             top = float(want.abs().max()) if want.numel() else 0.0
-            if diff > ATOL + RTOL * top or diff != diff:
-                key = order_key(rec.iteration, rec.phase, rec.microbatch, rec.layer,
-                                _tensor_rank(rec, names), num_layers)
-                out.append(Mismatch(key, r["rank"], r["coords"], rec, diff, top))
+            key = order_key(rec.iteration, rec.phase, rec.microbatch, rec.layer, _tensor_rank(rec, names), num_layers)
+            out.append(Mismatch(key, r["rank"], r["coords"], rec, diff, top))
     return sorted(out, key=lambda m: (m.key, m.rank))
+
+
+def differs(m: Mismatch) -> bool:
+    return m.max_diff > ATOL + RTOL * m.reference_max or m.max_diff != m.max_diff
+
+
+def mismatches(ranks: list[dict], ref: dict, num_layers: int) -> list[Mismatch]:
+    """Every record of every rank beyond tolerance, in the run's order."""
+    return [m for m in compared(ranks, ref, num_layers) if differs(m)]
+
+
+def profile(found: list[Mismatch]) -> list[tuple]:
+    """[(key, phase, layer, tensor, largest relative difference over the ranks)] in the run's order."""
+    out = {}
+    for m in found:
+        rel = m.max_diff / m.reference_max if m.reference_max else (0.0 if m.max_diff == 0 else float("inf"))
+        rec = m.record
+        tensor = rec.tensor if rec.phase in ("forward", "backward") else rec.entry.name
+        k = (m.key, rec.phase, rec.layer, tensor, rec.microbatch)
+        out[k] = max(out.get(k, 0.0), rel)
+    return [(k[0], k[1], k[2], k[3], k[4], v) for k, v in sorted(out.items(), key=lambda kv: kv[0][0])]
 
 
 def first_trace_difference(bad: list[dict], clean: list[dict]):
@@ -108,6 +127,7 @@ class Divergence:
     collective: object = None                      # trace.Collective, or None
     how: str = ""                                  # how the collective was found
     seconds: float = 0.0                           # the tool's wall time (first_divergence)
+    profile: list = field(default_factory=list)    # compare.profile: every fingerprint's difference
 
     @property
     def collective_name(self) -> str | None:
@@ -167,7 +187,8 @@ def blame(first: Mismatch, ranks: list[dict], clean: list[dict] | None, num_laye
 
 def first_divergence_of(ranks: list[dict], ref: dict, num_layers: int, clean: list[dict] | None = None):
     """The :class:`Divergence` of a recorded run against the reference recording, or None."""
-    found = mismatches(ranks, ref, num_layers)
+    every = compared(ranks, ref, num_layers)
+    found = [m for m in every if differs(m)]
     if not found:
         return None
     first = found[0]
@@ -176,4 +197,5 @@ def first_divergence_of(ranks: list[dict], ref: dict, num_layers: int, clean: li
     collective, how = blame(first, ranks, clean, num_layers)
     return Divergence(rec.iteration, rec.phase, rec.microbatch, rec.layer, rec.tensor,
                       [{"rank": m.rank, **{k: m.coords[k] for k in ("pp", "tp", "cp", "dp") if k in m.coords}}
-                       for m in same], max(m.max_diff for m in same), first.reference_max, collective, how)
+                       for m in same], max(m.max_diff for m in same), first.reference_max, collective, how,
+                      profile=profile(every))

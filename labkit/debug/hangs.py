@@ -10,6 +10,8 @@ machines; tests/test_debug_hangs.py checks each):
     mismatched_shapes   all_reduce of 4 elements on rank 0, 8 on rank 1  rank 0 aborts (SIGABRT)
     swapped             two same-shape all_reduces, swapped on rank 1    returns at once, WRONG values
 
+(rank 1 is the default ``culprit``, the rank that does the odd thing; ``culprit=0`` swaps the roles).
+
 ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (``detail=True``) checks every collective's op and shapes across
 the ranks first: the mismatched op and the mismatched shapes (and a skipped collective followed
 by another op) become an immediate RuntimeError naming both; the swap stays silent (same ops,
@@ -29,14 +31,17 @@ import time
 from dataclasses import dataclass, field
 
 
-def _wrap_fr(body, flight_recorder: bool):
-    """Run ``body``; with the Flight Recorder on, send this rank's trace to the caller first if it
-    fails (a collective timeout), then fail."""
+def _wrap_fr(body, flight_recorder: bool, culprit: int = 1):
+    """Run ``body`` (the odd rank is ``culprit``); with the Flight Recorder on, send this rank's
+    trace to the caller first if it fails (a collective timeout), then fail."""
     import torch.distributed as dist
 
     from labkit.launcher import send_to_parent
     try:
-        body(dist.get_rank())
+        if flight_recorder:                       # a few collectives that go well first
+            for _ in range(3):
+                dist.all_reduce(__import__("torch").ones(4))
+        body(dist.get_rank(), culprit)
         dist.barrier()                            # the collective the other rank meets next
     except RuntimeError:
         if flight_recorder:
@@ -44,44 +49,44 @@ def _wrap_fr(body, flight_recorder: bool):
         raise
 
 
-def mismatched_op(rank):
+def mismatched_op(rank, culprit=1):
     import torch
     import torch.distributed as dist
     x = torch.ones(4)
-    if rank == 0:
+    if rank != culprit:
         dist.all_reduce(x)
     else:
-        dist.broadcast(x, src=0)
+        dist.broadcast(x, src=1 - culprit)
 
 
-def skipped_collective(rank):
+def skipped_collective(rank, culprit=1):
     import torch
     import torch.distributed as dist
     x = torch.ones(4)
-    if rank == 0:                                 # e.g. "only rank 0 logs the global norm"
+    if rank != culprit:                           # e.g. "only rank 0 logs the global norm"
         dist.all_reduce(x)
 
 
-def send_without_recv(rank):
+def send_without_recv(rank, culprit=1):
     import torch
     import torch.distributed as dist
-    if rank == 0:                                 # stage 0 sends an activation; stage 1 never receives
-        dist.send(torch.ones(4), dst=1)
+    if rank != culprit:                           # one stage sends an activation; the other never receives
+        dist.send(torch.ones(4), dst=culprit)
 
 
-def mismatched_shapes(rank):
+def mismatched_shapes(rank, culprit=1):
     import torch
     import torch.distributed as dist
-    dist.all_reduce(torch.ones(4 if rank == 0 else 8))
+    dist.all_reduce(torch.ones(8 if rank == culprit else 4))
 
 
-def swapped(rank):
+def swapped(rank, culprit=1):
     import torch
     import torch.distributed as dist
 
     from labkit.launcher import send_to_parent
     a, b = torch.full((4,), 1.0 + rank), torch.full((4,), 10.0 * (rank + 1))
-    first, second = (a, b) if rank == 0 else (b, a)
+    first, second = (b, a) if rank == culprit else (a, b)
     dist.all_reduce(first)
     dist.all_reduce(second)
     send_to_parent(("values", rank, {"a": a[0].item(), "b": b[0].item()}))   # right: a 3.0, b 30.0
@@ -119,8 +124,9 @@ class Outcome:
 
 
 def run_hang(name: str, timeout: float = 3.0, detail: bool = False, collective_timeout: float | None = None,
-             flight_recorder: bool = False) -> Outcome:
-    """Run scenario ``name`` of :data:`HANGS` on 2 gloo ranks and say how it ended."""
+             flight_recorder: bool = False, culprit: int = 1) -> Outcome:
+    """Run scenario ``name`` of :data:`HANGS` on 2 gloo ranks (``culprit``: the rank that does the
+    odd thing) and say how it ended."""
     import labkit
     from labkit.launch_collect import LaunchTimeout, RankFailed
     if name not in HANGS:
@@ -134,7 +140,7 @@ def run_hang(name: str, timeout: float = 3.0, detail: bool = False, collective_t
     try:
         for k, v in env.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        labkit.launch(_wrap_fr, 2, HANGS[name], flight_recorder, backend="gloo", timeout=timeout,
+        labkit.launch(_wrap_fr, 2, HANGS[name], flight_recorder, culprit, backend="gloo", timeout=timeout,
                       on_message=messages.append, **kw)
         kind, report, waits = "returned", "", {}
     except LaunchTimeout as e:
