@@ -13,8 +13,8 @@ import dataclasses
 import sys
 
 
-def main(argv) -> int:
-    from labkit.__main__ import train_parser
+def main(argv, train_parser) -> int:
+    """``train_parser``: ``labkit.__main__.train_parser`` (passed in: the command line imports us)."""
     from labkit.config import TrainConfig
 
     from .bugs import BUGS, MODEL

@@ -5,8 +5,8 @@ asks every rank still running for its stacks (SIGUSR1, which each rank registere
 ``faulthandler``: the dump is written from C, so it works while the rank is blocked inside gloo or
 NCCL), then names for each the innermost ``torch.distributed`` call and the code that made it:
 
-    rank 0 waits in all_reduce (hang.py:12 fn)
-    rank 1 waits in barrier (launch_rank.py:270 rank_main): it finished and waits for the others
+    rank 0 waits in all_reduce (fn, line 12 <- launch_rank.py:262 rank_main)
+    rank 1 waits in barrier (launch_rank.py:263 rank_main): it finished its function and waits for the others
 
 Layer 1 of labkit (pure Python): the launcher imports it.
 """
@@ -27,11 +27,18 @@ def threads(dump: str) -> list[list[tuple[str, int, str]]]:
             for a, b in zip(starts, starts[1:])]
 
 
-def _short(path: str) -> str:
-    for marker in ("/labkit/", "/site-packages/"):
-        if marker in path:
-            return path.split(marker)[-1]
-    return path.rsplit("/", 1)[-1]
+def _frame(path: str, line: int, func: str) -> str:
+    """labkit's and Python's own frames by file; the caller's code (a notebook cell, a script)
+    by function and line only, so the report reads the same wherever it ran."""
+    if "/labkit/" in path:
+        where = path.split("/labkit/")[-1]
+    elif "/site-packages/" in path:
+        where = path.split("/site-packages/")[-1]
+    elif "/lib/python" in path:                       # the standard library: lib/python3.11/x.py
+        where = path.split("/lib/python")[-1].split("/", 1)[-1]
+    else:
+        return f"{func}, line {line}"
+    return f"{where}:{line} {func}"
 
 
 def waits_from_stacks(dump: str) -> dict | None:
@@ -47,7 +54,8 @@ def waits_from_stacks(dump: str) -> dict | None:
     dist_frames = [f for f in main if f[0].endswith(_TORCH_DIST)]
     op = dist_frames[0][2] if dist_frames else main[0][2]
     callers = [f for f in main if not any(k in f[0] for k in _SKIP)]
-    site = " <- ".join(f"{_short(p)}:{line} {func}" for p, line, func in callers[:2])
+    shown = callers[:next((i + 1 for i, f in enumerate(callers) if f[2] == "rank_main"), 2)][:2]
+    site = " <- ".join(_frame(*f) for f in shown)
     finished = bool(callers) and callers[0][2] == "rank_main"
     return {"op": op, "site": site, "finished": finished}
 
