@@ -129,7 +129,7 @@ def _experiments(argv) -> int:
 
 def _diverge(argv) -> int:
     from .debug.cli import main as diverge_main   # the first divergence from one device (labkit.debug)
-    return diverge_main(argv)
+    return diverge_main(argv, train_parser)
 
 
 def main(argv=None) -> int:
