@@ -34,26 +34,44 @@ def _config(layout: dict) -> dict:
     return cfg
 
 
+def reference(world_size: int, steps: int = 1, seed: int = 0, **layout) -> dict:
+    """The single-device fingerprints of ``layout``'s model and data (``ReferenceRecording``)."""
+    from labkit.reference import train_reference
+
+    from .fingerprints import ReferenceRecording
+    return train_reference(world_size=world_size, steps=steps, seed=seed, probe=ReferenceRecording,
+                           **_config(layout))["probe"]
+
+
+def record(world_size: int, inject: str | None = None, steps: int = 1, seed: int = 0,
+           timeout: float = 300.0, **layout) -> list[dict]:
+    """Every rank's fingerprints and collectives of one run of ``layout`` (``Recording``)."""
+    import labkit
+
+    from .fingerprints import Recording
+    run = labkit.train(world_size=world_size, steps=steps, seed=seed, log_interval=0, timeout=timeout,
+                       probe=Recording(resolve(inject)), **_config(layout))
+    return [r["probe"] for r in run.ranks]
+
+
 def first_divergence(world_size: int, inject: str | None = None, steps: int = 1, seed: int = 0,
-                     compare_collectives: bool | None = None, timeout: float = 300.0, **layout):
+                     compare_collectives: bool | None = None, timeout: float = 300.0,
+                     against: list | None = None, **layout):
     """The first place a run of ``layout`` on ``world_size`` ranks differs from one device
     (:class:`~labkit.debug.compare.Divergence`), or None. ``inject``: a planted bug of
     :data:`~labkit.debug.bugs.BUGS` (or a lab's assignment token). ``compare_collectives``: also
-    run a clean run of the same layout to name the collective (default: when a bug is injected).
-    The result's ``seconds`` is the tool's wall time."""
-    import labkit
-    from labkit.reference import train_reference
-
-    from .fingerprints import Recording, ReferenceRecording
+    run a clean run of the same layout to name the collective (default: when a bug is injected);
+    ``against``: a clean run already recorded (:func:`record`) to use instead. The result's
+    ``seconds`` is the tool's wall time."""
     t0 = time.perf_counter()
     bug, config = resolve(inject), _config(layout)
-    ref = train_reference(world_size=world_size, steps=steps, seed=seed, probe=ReferenceRecording, **config)["probe"]
-    kw = dict(world_size=world_size, steps=steps, seed=seed, log_interval=0, timeout=timeout, **config)
-    run = labkit.train(probe=Recording(bug), **kw)
-    clean = None
-    if compare_collectives if compare_collectives is not None else bug is not None:
-        clean = [r["probe"] for r in labkit.train(probe=Recording(None), **kw).ranks]
-    found = first_divergence_of([r["probe"] for r in run.ranks], ref, run.config.num_layers, clean)
+    ref = reference(world_size, steps, seed, **config)
+    ranks = record(world_size, bug, steps, seed, timeout, **config)
+    clean = against
+    if clean is None and (compare_collectives if compare_collectives is not None else bug is not None):
+        clean = record(world_size, None, steps, seed, timeout, **config)
+    from labkit.config import train_config
+    found = first_divergence_of(ranks, ref, train_config(**config).num_layers, clean)
     if found is not None:
         found.seconds = time.perf_counter() - t0
     return found
@@ -77,4 +95,4 @@ def divergence_table(names=None, **overrides) -> list[dict]:
     return rows
 
 
-__all__ = ["first_divergence", "divergence_table", "Divergence", "BUGS", "MODEL"]
+__all__ = ["first_divergence", "reference", "record", "divergence_table", "Divergence", "BUGS", "MODEL"]
