@@ -5,6 +5,8 @@
     python -m labkit estimate --world-size 1024 --num-layers 96 ...   (Megatron's memory/FLOPs estimate)
     python -m labkit plan --help                                      (rank the layouts for a cluster)
     python -m labkit experiments list|run ID [--scale cpu] [--megatron]|report   (a tutorial's runs)
+    python -m labkit train ... --save DIR --save-interval N --load DIR [--async-save]   (checkpoints)
+    python -m labkit diverge --world-size 2 --tensor-model-parallel-size 2 --inject same_seed_tp
 
 Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
 """
@@ -42,6 +44,10 @@ def train_parser() -> argparse.ArgumentParser:
                     help="accepted as in Megatron; labkit's learning rate is constant")
     ap.add_argument("--split", choices=["100,0,0"], default="100,0,0",
                     help="accepted as in Megatron; labkit trains on the whole --data-path file")
+    ap.add_argument("--save", default=None, help="checkpoint folder (labkit.checkpoint)")
+    ap.add_argument("--save-interval", type=int, default=None, help="iterations between checkpoints")
+    ap.add_argument("--load", default=None, help="checkpoint folder to resume from (any layout)")
+    ap.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
     from .calc.megatron_args import FLAGS
     for f in dataclasses.fields(TrainConfig):
         if f.type in ("bool", bool):
@@ -86,6 +92,7 @@ def train_main(argv) -> int:
     implementation = args.pop("implementation")
     max_pos = args.pop("max_position_embeddings")
     args.pop("lr_decay_style"), args.pop("split")      # what to_flags writes: labkit's only choices
+    ckpt = {k: args.pop(k) for k in ("save", "save_interval", "load", "async_save")}
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     config = {k: v for k, v in args.items() if v != defaults[k]}
     try:
@@ -100,7 +107,7 @@ def train_main(argv) -> int:
         _exit_on_hangup()
         result = train(world_size=world, steps=steps, seed=seed, backend=backend,
                        log_interval=log_interval, timeout=timeout, implementation=implementation,
-                       **config)
+                       **ckpt, **config)
     except ValueError as e:  # a bad layout: say which rule, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -125,9 +132,14 @@ def _experiments(argv) -> int:
     return experiments_main(argv)
 
 
+def _diverge(argv) -> int:
+    from .debug.cli import main as diverge_main   # the first divergence from one device (labkit.debug)
+    return diverge_main(argv, train_parser)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments}
+    commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments, "diverge": _diverge}
     try:
         from .calc import cli as calc_cli
         commands["estimate"] = calc_cli.main

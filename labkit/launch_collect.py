@@ -96,12 +96,14 @@ class RankFailed(RuntimeError):
 class LaunchTimeout(TimeoutError):
     """Some ranks did not finish within the launch timeout; all ranks were stopped."""
 
-    def __init__(self, unfinished: list[int], timeout: float, outputs: dict[int, str]):
-        self.unfinished = unfinished
+    def __init__(self, unfinished: list[int], timeout: float, outputs: dict[int, str], waits=None):
+        from .debug.stacks import describe
+        self.unfinished, self.waits = unfinished, waits or {}   # {rank: where it waits} (debug/stacks.py)
         tails = "".join(f"\n--- captured output of rank {r} ---\n{outputs[r].strip()[-1500:] or '(nothing)'}"
                         for r in unfinished[:4])
+        report = "".join(f"\n  {describe(r, self.waits.get(r))}" for r in unfinished) if waits is not None else ""
         super().__init__(f"ranks {unfinished} did not finish within {timeout:g} s; all ranks were "
-                         f"stopped (a hang is usually a collective that not every rank reached){tails}")
+                         f"stopped (a hang is usually a collective that not every rank reached){report}{tails}")
 
 
 def _read_from(log, offset: int = 0) -> tuple[str, int]:
@@ -160,9 +162,10 @@ def collect(procs, results_q, logs, timeout, on_message, live=None) -> list:
                 stop(procs)
                 raise _first_cause(failures, logs)
             if time.monotonic() > deadline:
-                stop(procs)
                 unfinished = [r for r in range(world_size) if r not in results]
-                raise LaunchTimeout(unfinished, timeout, {r: _read(logs[r]) for r in unfinished})
+                waits = dump_stacks(procs, unfinished, logs)   # before stopping: where each waits
+                stop(procs)
+                raise LaunchTimeout(unfinished, timeout, {r: _read(logs[r]) for r in unfinished}, waits)
             continue
         if kind == "msg":
             if on_message is not None:
@@ -241,6 +244,31 @@ def stop(procs) -> None:
         if p.is_alive():
             p.kill()
             p.join(1.0)
+
+
+def dump_stacks(procs, ranks, logs, wait: float = 1.0) -> dict:
+    """Ask each rank in ``ranks`` for its Python stacks (SIGUSR1: faulthandler, registered by
+    launch_rank) and read where it waits ({rank: labkit.debug.stacks.waits_from_stacks(...)})."""
+    import signal
+
+    from .debug.stacks import waits_from_stacks
+    if not hasattr(signal, "SIGUSR1"):
+        return {}
+    before = {r: len(_read(logs[r])) for r in ranks}
+    for r in ranks:
+        if procs[r].is_alive() and procs[r].pid:
+            try:
+                os.kill(procs[r].pid, signal.SIGUSR1)
+            except OSError:
+                pass
+    end, last = time.monotonic() + wait, None
+    while time.monotonic() < end:               # until every dump is in and no longer growing
+        time.sleep(0.05)
+        now = {r: _read(logs[r])[before[r]:] for r in ranks}
+        if now == last and all("most recent call first" in t for t in now.values()):
+            break
+        last = now
+    return {r: waits_from_stacks(text) for r, text in (last or {}).items()}
 
 
 def _read(log) -> str:

@@ -143,6 +143,7 @@ def rank_main(rank, world_size, backend, port, launch_timeout, collective_timeou
     sys.stderr.reconfigure(line_buffering=True)
     os.environ.clear()                    # the forkserver's environment is the first launch's:
     os.environ.update(env)                # replace it with the caller's at this launch
+    dist.set_debug_level_from_env()       # TORCH_DISTRIBUTED_DEBUG: read at import, in the forkserver
     torch.set_num_threads(1)              # N ranks share the cores; also makes CPU sums reproducible
     state.channel = (results_q, rank)
     try:
@@ -196,14 +197,18 @@ def _inherited(dup) -> InheritedFd:
 
 def guard(alive, log: InheritedFd) -> None:
     """First thing in a rank: watch the caller, ask for PR_SET_PDEATHSIG (Linux), send stdout and
-    stderr to ``log``, and have faulthandler print the Python stack on SIGSEGV/SIGBUS there."""
+    stderr to ``log``, and have faulthandler print the Python stack there on SIGSEGV/SIGBUS (and
+    every thread's on SIGUSR1: the caller's hang report)."""
     import faulthandler
+    import signal
     watch_caller(alive)
     _pdeathsig()
     os.dup2(log.fd, 1)
     os.dup2(log.fd, 2)
     os.close(log.fd)
     faulthandler.enable()
+    if hasattr(signal, "SIGUSR1"):        # the caller's hang report asks for every thread's stack
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _pdeathsig() -> None:

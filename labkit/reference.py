@@ -23,12 +23,13 @@ from .moe_stats import attach, stats_table, summarize
 
 
 def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture_grads: bool = False,
-                    return_model: bool = False, **config):
+                    return_model: bool = False, probe=None, **config):
     """Losses of ``steps`` iterations on one device; arguments as for ``labkit.train``.
 
     Returns the list of losses, or a dict {"losses", "grad_norms", "grads" (after step 1, if
     ``capture_grads``), "model" (if ``return_model``), "moe" (MoE: the logged values per step,
-    as ``labkit.train`` reports them)} when either is asked for.
+    as ``labkit.train`` reports them), "probe"} when any is asked for. ``probe(model)``: makes a
+    probe (``labkit.debug``) told ``begin(iteration)`` before each iteration and ``end()`` after the last.
 
     A MoE model routes each microbatch on its own, as Megatron does on one GPU with gradient
     accumulation: the load-balancing loss and the expert capacity are per microbatch (its
@@ -54,7 +55,10 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     for layer in moe_layers(model):
         layer.router.aux_loss_scale = 1.0 / m
     attach(model)                       # the MoE values labkit.train logs
+    probe = probe(model) if probe is not None else None
     for it in range(steps):
+        if probe is not None:
+            probe.begin(it)
         if cfg.data_path is None:
             inputs, labels = data.get_batch(tokens, it, gbs, cfg.seq_length, seed)
         else:  # Megatron's GPTDataset over cfg.data_path, as labkit.train reads it
@@ -75,10 +79,11 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
         opt.step()
         losses.append(loss.item())
-    if not (capture_grads or return_model):
+    if not (capture_grads or return_model or probe is not None):
         return losses
     out = {"losses": losses, "grad_norms": norms, "grads": grads,
-           "moe": moe if cfg.num_experts is not None else None}
+           "moe": moe if cfg.num_experts is not None else None,
+           "probe": probe.end() if probe is not None else None}
     if return_model:
         out["model"] = model
     return out

@@ -49,14 +49,20 @@ def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, g
 
 def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "auto",
           log_interval: int = 1, timeout: float = 600.0, capture_grads: bool = False,
-          implementation="labkit", **config) -> TrainResult:
+          implementation="labkit", save: str | None = None, save_interval: int | None = None,
+          load: str | None = None, async_save: bool = False, probe=None, **config) -> TrainResult:
     """Train the GPT on ``world_size`` ranks for ``steps`` iterations; see the module docstring.
 
-    ``capture_grads``: also return every parameter's gradient after step 1 (averaged, before
-    clipping), reassembled under the dense model's names (for parity tests and labs).
+    ``capture_grads``: also return every parameter's gradient after the run's first iteration
+    (averaged, before clipping), reassembled under the dense model's names (for parity tests and labs).
     ``implementation``: "labkit" (this package's strategies), or "native" (or a
     ``labkit.native.NativeOptions``): the same layout through PyTorch's DTensor / FSDP2 /
     pipelining APIs (labkit/native/).
+    Checkpoints (``labkit.checkpoint``, Megatron's flags): ``save`` a folder, every ``save_interval``
+    iterations and at the end (``async_save``: written in the background); ``load`` a folder, any
+    layout: ``steps`` counts iterations in total, as ``--train-iters``, so a run loaded at iteration
+    2 with ``steps=5`` trains iterations 3-5. ``probe(engine, topo, groups, cfg)``: makes a probe on
+    every rank (``labkit.debug``), told ``begin(iteration)`` and ``end()`` (returned in ``ranks``).
     """
     cfg = train_config(**config)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -67,11 +73,16 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
         cfg.validate(world_size)  # fails here, before any process starts
     else:
         check_native(cfg, world_size, native)   # and what PyTorch's APIs cannot express
+        if save or load or probe is not None:
+            raise ValueError("save, load and probe are labkit's own (implementation='labkit'); "
+                             "PyTorch's native run has its own torch.distributed.checkpoint")
+    from .checkpoint.run import check_arguments
+    ckpt = check_arguments(cfg, steps, save, save_interval, load, async_save)
     rank_bytes = preflight(cfg, world_size, seed, log_interval)   # the data, seed, memory per rank
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
     from .launcher import launch
-    fn, extra = _worker, ()
+    fn, extra = _worker, (ckpt, probe)
     if native is not None:
         from .native.run import worker as fn
         extra = (native, format_iteration)
@@ -141,8 +152,9 @@ def rank_microbatches(cfg: TrainConfig, topo, iteration: int, seed: int, tokens,
             for x, y in data.microbatches(inputs, labels, cfg.micro_batch_size, topo.dp, dp_rank)]
 
 
-def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_grads: bool) -> dict:
-    """Runs on every rank: build, cut, train; rank 0 streams Megatron-format lines to the caller."""
+def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_grads: bool,
+            ckpt: dict | None = None, probe=None) -> dict:
+    """Runs on every rank: build, cut, (load), train, (save); rank 0 streams Megatron-format lines."""
     import torch.distributed as dist
 
     from . import data, moe_stats
@@ -156,23 +168,34 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     rank, gbs = dist.get_rank(), cfg.global_batch(topo)
     tokens = data.load_tokens() if cfg.data_path is None else None   # else: cfg.data_path
     losses, norms, times, grads, moe, scales, skipped = [], [], [], [], [], [], []
-    for it in range(steps):
+    from .checkpoint.run import resume
+    start, saver = resume(ckpt, engine, cfg, topo, seed)    # (0, None) without checkpoints
+    probe = probe(engine, topo, groups, cfg) if probe is not None else None
+    for it in range(start, steps):
+        if probe is not None:
+            probe.begin(it)
         t0 = now()                                          # synchronizes a CUDA device first
         mbs = rank_microbatches(cfg, topo, it, seed, tokens, num_samples=steps * gbs)
         before = engine.skipped_iterations
-        loss, grad_norm = engine.step(mbs, capture_grads=capture_grads and it == 0)
+        loss, grad_norm = engine.step(mbs, capture_grads=capture_grads and it == start)
         times.append((now() - t0) * 1e3)
         scales.append(engine.loss_scale)
         skipped.append(engine.skipped_iterations > before)
         losses.append(loss)
         norms.append(grad_norm)
         moe.append(step_metrics(engine.runner.chunks, groups, cfg, topo))   # None without MoE
-        if capture_grads and it == 0:
+        if capture_grads and it == start:
             grads = dense_shards(engine, "grads")
         if rank == 0 and log_interval and ((it + 1) % log_interval == 0 or it + 1 == steps):
             send_to_parent(format_iteration(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs,
                                             loss, grad_norm, moe[-1], scales[-1], int(skipped[-1])))
-    extra = {"coords": topo.coords(rank),
+        if saver is not None and (it + 1) % (ckpt["save_interval"] or steps) == 0:
+            saver.save(it + 1, (it + 1) * gbs)
+    if saver is not None and steps > start and steps % (ckpt["save_interval"] or steps):
+        saver.save(steps, steps * gbs)                      # Megatron saves at the end too
+    extra = {"coords": topo.coords(rank), "start": start,
+             "checkpoint": saver.finish() if saver is not None else None,
+             "probe": probe.end() if probe is not None else None,
              "comm": {axis: g.stats.snapshot() for axis, g in groups.items()},
              # bytes of params/grads/optimizer held at the last step's gradient sync (data_parallel/)
              "memory": engine.dp.memory}
