@@ -140,6 +140,6 @@ def sent(counts: dict, *ops: str) -> float:
     return float(sum(v.get("bytes", 0.0) for op, v in counts.items() if not ops or op in ops))
 
 
-def collectives(counts: dict) -> list[str]:
+def collective_ops(counts: dict) -> list[str]:
     """The collective ops (not point-to-point) a counting-group snapshot saw."""
     return sorted(op for op in counts if op not in ("send", "recv"))
