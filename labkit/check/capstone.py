@@ -24,6 +24,8 @@ Visible: the planner's winner for megatron-39b on 8 DGX A100 nodes; hidden: othe
 """
 from __future__ import annotations
 
+import functools
+
 from . import report
 from .spec import Spec, call, failed, run
 
@@ -64,13 +66,19 @@ def _produce(student, model="megatron-39b", nodes=8, global_batch_size=1024, lay
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _ranked(model: str, nodes: int, gbs: int):
+    import labkit.calc as calc
+    return calc.plan(calc.model(model), calc.cluster("dgx-a100", nodes), gbs)["ranked"]
+
+
 def truth(model: str, nodes: int, gbs: int, layout: dict) -> dict:
     """labkit.calc's numbers for the layout (the judge's side)."""
     import labkit.calc as calc
     from labkit.calc.memory import memory_per_stage
     from labkit.calc.perf import hardware_flops_per_iteration
-    m, cl = calc.model(model), calc.cluster("dgx-a100", nodes)
-    ranked = calc.plan(m, cl, gbs)["ranked"]
+    m = calc.model(model)
+    ranked = _ranked(model, nodes, gbs)
     row = next((r for r in ranked if all(r[k] == layout[k] for k in ("tp", "pp", "dp", "micro_batch_size"))
                 and r["recompute"] == "selective"), None)
     if row is None:

@@ -105,16 +105,16 @@ def _judge(op: str, name: str, data, world_size: int, numel: int, seed: int):
                   f"{label} x N{note}")
 
 
-def _produce(student, world_size=4, numel=6, seed=0):
-    results, failure = ranks(_worker, world_size, student, numel, seed)
+def _produce(student, world_size=4, numel=6, seed=0, timeout=60.0):
+    results, failure = ranks(_worker, world_size, student, numel, seed, timeout=timeout)
     return failure or results
 
 
-def _judge_gather(data, world_size=4, numel=6, seed=0):
+def _judge_gather(data, world_size=4, numel=6, seed=0, timeout=60.0):
     return _judge("all_gather", "ring_all_gather", data, world_size, numel, seed)
 
 
-def _judge_reduce(data, world_size=4, numel=24, seed=0):
+def _judge_reduce(data, world_size=4, numel=24, seed=0, timeout=60.0):
     return _judge("all_reduce", "ring_all_reduce", data, world_size, numel, seed)
 
 
@@ -137,14 +137,14 @@ SPECS = {s.id: s for s in (GATHER, REDUCE)}
 hint = asker(SPECS)
 
 
-def ring_all_reduce(student_fn, world_size: int = 4, numel: int = 24, seed: int = 0):
+def ring_all_reduce(student_fn, world_size: int = 4, numel: int = 24, seed: int = 0, timeout: float = 60.0):
     """``student_fn(group, x) -> sum of x over ranks``, using labkit.comm.send/recv/send_recv only."""
     if numel % world_size:
         raise ValueError(f"ring_all_reduce: numel {numel} must be divisible by world_size {world_size} "
                          "(the ring moves equal chunks of N/n)")
-    return run(REDUCE, {"fn": student_fn}, world_size=world_size, numel=numel, seed=seed)
+    return run(REDUCE, {"fn": student_fn}, world_size=world_size, numel=numel, seed=seed, timeout=timeout)
 
 
-def ring_all_gather(student_fn, world_size: int = 4, numel: int = 6, seed: int = 0):
+def ring_all_gather(student_fn, world_size: int = 4, numel: int = 6, seed: int = 0, timeout: float = 60.0):
     """``student_fn(group, x) -> concatenation of every rank's x``, in rank order, along dim 0."""
-    return run(GATHER, {"fn": student_fn}, world_size=world_size, numel=numel, seed=seed)
+    return run(GATHER, {"fn": student_fn}, world_size=world_size, numel=numel, seed=seed, timeout=timeout)

@@ -46,10 +46,13 @@ def _make_class():
             self.by_dtype = defaultdict(lambda: defaultdict(float))
 
         def _count(self, op, nbytes, tensors=()):
+            """``nbytes`` sent in ``op``, shared among the dtypes of ``tensors`` by their sizes."""
             self.calls[op] += 1
             self.bytes[op] += nbytes
+            total = _nbytes(tensors)
             for t in tensors:
-                self.by_dtype[op][str(t.dtype).removeprefix("torch.")] += t.numel() * t.element_size()
+                share = t.numel() * t.element_size() / total if total else 0.0
+                self.by_dtype[op][str(t.dtype).removeprefix("torch.")] += nbytes * share
 
         def getBackendName(self):  # noqa: N802 - torch's name
             return BACKEND
@@ -172,8 +175,8 @@ def _checked_splits(pg, output, input, output_splits, input_splits):
 
 
 def _allgather_options():
-    import torch.distributed as dist
-    return dist.AllgatherOptions()
+    from torch._C._distributed_c10d import AllgatherOptions
+    return AllgatherOptions()
 
 
 def _create(store, rank, size, timeout):

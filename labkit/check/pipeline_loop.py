@@ -99,12 +99,12 @@ def _worker(student, m: int, seed: int):
             "counts": instrument.difference(instrument.snapshot(), before)}
 
 
-def _produce(student, world_size=2, m=4, seed=0):
-    results, failure = ranks(_worker, world_size, student, m, seed, timeout=40.0)
+def _produce(student, world_size=2, m=4, seed=0, timeout=40.0):
+    results, failure = ranks(_worker, world_size, student, m, seed, timeout=timeout)
     return failure or results
 
 
-def _judge(data, world_size=2, m=4, seed=0):
+def _judge(data, world_size=2, m=4, seed=0, timeout=40.0):
     p = world_size
     title = f"one_f_one_b_loop (p={p}, m={m})"
     if isinstance(data, dict) and data.get("failed") == "hung":
@@ -165,6 +165,6 @@ SPECS = {LOOP.id: LOOP}
 hint = asker(SPECS)
 
 
-def one_f_one_b_loop(student_fn, world_size: int = 2, m: int = 4, seed: int = 0):
+def one_f_one_b_loop(student_fn, world_size: int = 2, m: int = 4, seed: int = 0, timeout: float = 40.0):
     """Run the student's 1F1B loop on ``world_size`` ranks; print one [check] line."""
-    return run(LOOP, {"loop": student_fn}, world_size=world_size, m=m, seed=seed)
+    return run(LOOP, {"loop": student_fn}, world_size=world_size, m=m, seed=seed, timeout=timeout)

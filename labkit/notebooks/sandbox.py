@@ -35,9 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KINDS = ("bwrap", "docker", "none")
+_LIVE: set[int] = set()                    # runners of jobs in progress (several threads may grade)
 INSIDE = "/opt/labkit"                     # where labkit/ and data/ appear in the sandbox
-RUNNER = ("import sys; sys.path.insert(0, {root!r}); from labkit.check.runner import main; "
-          "sys.exit(main())")
+# -P: the working folder (the student's) never goes on sys.path; labkit comes from PYTHONPATH, which
+# the forkserver of the check's ranks inherits too (Python 3.11's forkserver ignores the parent's sys.path)
+RUNNER = ["-P", "-s", "-m", "labkit.check.runner"]
 
 
 @dataclass(frozen=True)
@@ -92,16 +94,17 @@ class Sandbox:
         """The command that runs the runner for one exercise in ``folder``."""
         drop = ["--drop-to", "65534:65534"] if os.geteuid() == 0 else []
         if self.kind == "none":
-            return [sys.executable, "-I", "-c", RUNNER.format(root=str(self.labkit_root))]
+            return [sys.executable, *RUNNER]
         if self.kind == "docker":
             return ["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only",
                     "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
                     "--pids-limit", str(self.limits.processes), "--memory", str(self.limits.memory_bytes),
                     "--user", "65534:65534", "-e", "HOME=/grade", "-e", "LABKIT_BACKEND=gloo",
+                    "-e", f"PYTHONPATH={INSIDE}",
                     "-v", f"{folder}:/grade", "-w", "/grade",
                     "-v", f"{self.labkit_root / 'labkit'}:{INSIDE}/labkit:ro",
                     "-v", f"{self.labkit_root / 'data'}:{INSIDE}/data:ro",
-                    self.image, "python", "-I", "-c", RUNNER.format(root=INSIDE)]
+                    self.image, "python", *RUNNER]
         python = os.path.realpath(sys.executable)
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
@@ -120,9 +123,10 @@ class Sandbox:
                  "--ro-bind-try", str(self.labkit_root / "data"), f"{INSIDE}/data",
                  "--bind", str(folder), "/grade", "--chdir", "/grade"]
         for k, v in (("HOME", "/grade"), ("PATH", "/usr/bin:/bin"), ("LABKIT_BACKEND", "gloo"),
-                     ("TMPDIR", "/tmp"), ("MPLBACKEND", "Agg"), ("PYTHONDONTWRITEBYTECODE", "1")):
+                     ("TMPDIR", "/tmp"), ("MPLBACKEND", "Agg"), ("PYTHONDONTWRITEBYTECODE", "1"),
+                     ("PYTHONPATH", INSIDE)):
             args += ["--setenv", k, v]
-        return args + [python, "-I", "-c", RUNNER.format(root=INSIDE)] + drop
+        return args + [python, *RUNNER] + drop
 
 
 def _dirs(path: Path, made: set) -> list[str]:
@@ -156,6 +160,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     proc = subprocess.Popen(sandbox.argv(folder, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
                             preexec_fn=sandbox.limits.apply, env=_env(sandbox))
+    _LIVE.add(proc.pid)
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
     expect = {"cell": 0, "case": 0}
     try:
@@ -200,6 +205,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
                 break
     finally:
         _kill(sandbox, proc, name)
+        _LIVE.discard(proc.pid)
         _reap(before)
         out.seconds = time.monotonic() - t0
     if out.state == "ok" and not (out.events and out.events[-1].get("event") == "done"):
@@ -213,7 +219,8 @@ def _env(sandbox: Sandbox) -> dict:
     if sandbox.kind != "none":
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LABKIT_LIVE", "PYTHON"))}
-    env.update(LABKIT_BACKEND="gloo", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+    env.update(LABKIT_BACKEND="gloo", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=str(sandbox.labkit_root))
     return env
 
 
@@ -252,7 +259,7 @@ def _reap(before: set[int]) -> None:
     """Kill and reap children that appeared since ``before``: daemons a submission left behind,
     re-parented to this process (it is a subreaper: :func:`become_subreaper`)."""
     for _ in range(3):
-        strays = _children() - before
+        strays = _children() - before - _LIVE          # never another job's runner
         if not strays:
             return
         for pid in strays:
