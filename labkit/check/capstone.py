@@ -90,7 +90,8 @@ def truth(model: str, nodes: int, gbs: int, layout: dict) -> dict:
 
 def _judge(data, model="megatron-39b", nodes=8, global_batch_size=1024, layout=None):
     layout = layout or WINNER
-    title = f"capstone (TP {layout['tp']} x PP {layout['pp']} x DP {layout['dp']}, micro batch {layout['micro_batch_size']})"
+    title = (f"capstone (TP {layout['tp']} x PP {layout['pp']} x DP {layout['dp']}, "
+             f"micro batch {layout['micro_batch_size']})")
     bad = failed(title, data, "call your function on the layout in the notebook and read the traceback")
     if bad is not None:
         return bad

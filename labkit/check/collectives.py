@@ -76,7 +76,8 @@ def _judge(op: str, name: str, data, world_size: int, numel: int, seed: int):
     expected = torch.stack(xs).sum(0) if op == "all_reduce" else torch.cat(xs)
     for r, out in enumerate(data):
         if out["got"] is None:
-            return report(title, False, f"rank {r} returned {out['got_type']}, not a tensor", "return the result tensor")
+            return report(title, False, f"rank {r} returned {out['got_type']}, not a tensor",
+                          "return the result tensor")
         problem = describe_mismatch(out["got"], expected, what=f"rank {r}, ")
         if problem:
             misplaced = _misplaced_chunks(out["got"], expected, world_size) if op == "all_gather" else None

@@ -15,40 +15,13 @@ the student's code runs. The ZeRO-2 exercise is in ``zero.py``.
 """
 from __future__ import annotations
 
-import functools
-
-from . import describe_mismatch, report, sent
+from . import describe_mismatch, report, sent, zero
+from .dp_common import GBS, MODEL, STEPS, TOL, _microbatches, _setup, _world, compare_params, reference  # noqa: F401
 from .spec import Spec, failed, ranks, run
 
 OWN_HOOK = ("labkit.data_parallel.ddp:on_grad_ready",)
 OWN_ZERO1 = ("labkit.data_parallel.zero:ZeRO1.finish_grad_sync", "labkit.data_parallel.zero:ZeRO1.step",
              "labkit.data_parallel.zero:_ShardedDataParallel._reduce_scatter")
-
-STEPS, GBS, TOL = 3, 8, 1e-10  # float64: only the order of additions differs
-MODEL = dict(num_layers=1, hidden_size=32, num_attention_heads=4, seq_length=16, params_dtype="float64")
-
-
-def _setup(mbs: int, seed: int = 0):
-    import torch
-
-    from .. import data
-    from ..config import TrainConfig
-    from ..groups import world_group
-    from ..model import GPT
-    cfg = TrainConfig(micro_batch_size=mbs, global_batch_size=GBS, **MODEL)
-    model = GPT(cfg.model_config(), seed=seed).to(torch.float64)
-    return cfg, model, world_group(), data
-
-
-def _microbatches(data, group, it, mbs, seed: int = 0):
-    x, y = data.get_batch(data.load_tokens(), it, GBS, MODEL["seq_length"], seed)
-    return data.microbatches(x, y, mbs, group.size, group.rank)
-
-
-def _world() -> int:
-    import torch.distributed as dist
-    return dist.get_world_size()
-
 
 def _bucket_worker(student, bucket_size: int, seed: int):
     from ..data_parallel.ddp import BucketedDataParallel
@@ -99,32 +72,6 @@ def _zero1_worker(student, seed: int):
         dp.flat_grad.zero_()
         out["params"].append(dp.full_parameters())
     return out
-
-
-@functools.lru_cache(maxsize=4)
-def reference(seed: int = 0):
-    """Single-device: parameters after each step and the gradient of step 1 (float64), in the
-    judge's process. Cached: the three DP checks of the lab share it."""
-    from .. import data
-    from ..reference import train_reference
-    kw = dict(micro_batch_size=GBS, global_batch_size=GBS, seed=seed, **MODEL)
-    params = [{n: p.detach() for n, p in train_reference(steps=k, return_model=True, **kw)["model"].named_parameters()}
-              for k in range(1, STEPS + 1)]
-    model = train_reference(steps=0, return_model=True, **kw)["model"]
-    x, y = data.get_batch(data.load_tokens(), 0, GBS, MODEL["seq_length"], seed)
-    model.loss(x, y).backward()
-    return params, {n: p.grad for n, p in model.named_parameters()}
-
-
-def compare_params(title, results, ref_params, hint: str):
-    """The first parameter that differs from one device's after some step, reported; or None."""
-    for r, out in enumerate(results):
-        for k, expected in enumerate(ref_params):
-            for n, e in expected.items():
-                problem = describe_mismatch(out["params"][k][n], e, TOL, TOL, f"rank {r}, step {k + 1}, {n} ")
-                if problem:
-                    return report(title, False, problem, hint)
-    return None
 
 
 # -- exercise 1: the bucket hook -------------------------------------------------------------------
@@ -206,7 +153,8 @@ def _judge_zero1(data, world_size=4, seed=0):
         if problem:
             return report(title, False, problem, "shard.grad is not this rank's shard of the mean gradient")
     bad = compare_params(title, data, ref_params, "the gradient shards are right; after optimizer.step() only "
-                         "this rank's shard of the weights is new: the other ranks' updates never reach it")
+                         "this rank's shard of the weights is new: the other ranks' updates never reach it "
+                         "(all-gather)")
     if bad is not None:
         return bad
     from ..calc.comm import dp_step_bytes
@@ -238,18 +186,10 @@ def zero1_step(student_fn, world_size: int = 4, seed: int = 0):
     return run(ZERO1, {"step": student_fn}, world_size=world_size, seed=seed)
 
 
-def _specs():
-    from . import zero
-    return {s.id: s for s in (BUCKET_HOOK, ZERO1, zero.ZERO2)}
+SPECS = {s.id: s for s in (BUCKET_HOOK, ZERO1, zero.ZERO2)}
 
 
 def hint(exercise_id: str) -> str:
     """Print the next hint of ``exercise_id`` ("bucket-hook", "zero1-step", "zero2-hook")."""
     from .hints import asker
-    return asker(_specs())(exercise_id)
-
-
-def __getattr__(name):
-    if name == "SPECS":
-        return _specs()
-    raise AttributeError(name)
+    return asker(SPECS)(exercise_id)

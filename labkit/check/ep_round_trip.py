@@ -14,7 +14,7 @@ every group: the counts and two all-to-alls of the rows that leave the rank, not
 from __future__ import annotations
 
 from . import describe_mismatch, report
-from .expert_parallel import OWN_A2A, OWN_PERMUTE, routing
+from .ep_common import OWN_A2A, OWN_PERMUTE, routing
 from .spec import Spec, failed, ranks, run
 
 H, F, K = 6, 10, 2
@@ -26,8 +26,10 @@ class Expert:
     def __init__(self, e: int, seed: int):
         import torch
         gen = torch.Generator().manual_seed(1000 * seed + e)
-        self.w1, self.b1 = torch.randn(F, H, generator=gen, dtype=torch.float64), torch.randn(F, generator=gen, dtype=torch.float64)
-        self.w2, self.b2 = torch.randn(H, F, generator=gen, dtype=torch.float64) / 3, torch.randn(H, generator=gen, dtype=torch.float64)
+        def draw(*shape):
+            return torch.randn(*shape, generator=gen, dtype=torch.float64)
+        self.w1, self.b1 = draw(F, H), draw(F)
+        self.w2, self.b2 = draw(H, F) / 3, draw(H)
 
     def __call__(self, x):
         import torch.nn.functional as fn

@@ -15,27 +15,9 @@ labkit's own permutation, combine and all-to-all raise while the student's code 
 """
 from __future__ import annotations
 
-from . import describe_mismatch, report
+from . import describe_mismatch, ep_round_trip, report
+from .ep_common import OWN_A2A, OWN_PERMUTE, routing
 from .spec import Spec, call, failed, ranks, run
-
-OWN_PERMUTE = ("labkit.moe:permute", "labkit.moe:unpermute", "labkit.moe:row_weights",
-               "labkit.moe:LocalDispatcher.forward")
-EPC = "labkit.expert_parallel.ep_comm"
-OWN_A2A = (f"{EPC}:all_to_all_autograd", f"{EPC}:_AllToAll.forward", "labkit.comm:all_to_all",
-           "labkit.expert_parallel.dispatch:AllToAllDispatcher.forward",
-           "labkit.expert_parallel.dispatch:AllToAllDispatcher.split_sizes")
-
-
-def routing(num_tokens: int, num_experts: int, k: int, seed: int):
-    """Router weights [T, E] (softmax over the top k, zero elsewhere) and the routing map [T, E]."""
-    import torch
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64)
-    top = logits.topk(k, dim=1)
-    routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top.indices, True)
-    probs = torch.zeros_like(logits).scatter(1, top.indices, torch.softmax(top.values, -1))
-    return probs, routing_map
-
 
 def _reference_permutation(x, routing_map):
     rows, tokens = [], []
@@ -169,24 +151,14 @@ DISPATCH = Spec("dispatch", {"dispatch": "my_dispatch"}, _produce_dispatch, _jud
                     "received_counts.view(ep, E/ep).sum(1); then one all_to_all_single of the rows"))
 
 
-def _specs():
-    from . import ep_round_trip
-    return {s.id: s for s in (PERMUTATION, DISPATCH, ep_round_trip.ROUND_TRIP)}
+SPECS = {s.id: s for s in (PERMUTATION, DISPATCH, ep_round_trip.ROUND_TRIP)}
+round_trip = ep_round_trip.round_trip
 
 
 def hint(exercise_id: str) -> str:
     """Print the next hint of ``exercise_id`` ("permutation", "dispatch", "round-trip")."""
     from .hints import asker
-    return asker(_specs())(exercise_id)
-
-
-def __getattr__(name):
-    if name == "SPECS":
-        return _specs()
-    if name == "round_trip":
-        from .ep_round_trip import round_trip
-        return round_trip
-    raise AttributeError(name)
+    return asker(SPECS)(exercise_id)
 
 
 def permutation(permute_fn, unpermute_fn, num_tokens: int = 12, num_experts: int = 4, k: int = 2, seed: int = 0):

@@ -21,9 +21,9 @@ from .hints import asker
 from .spec import Spec, failed, ranks, run
 
 H, S, MBS = 32, 16, 2
-OWN = ("labkit.pipeline_parallel.executor:run_schedule", "labkit.pipeline_parallel.executor:PipelineRunner.forward_backward",
-       "labkit.pipeline_parallel.schedules:one_f_one_b", "labkit.pipeline_parallel.schedules:warmup_1f1b",
-       "labkit.pipeline_parallel.schedules:gpipe")
+PPL = "labkit.pipeline_parallel"
+OWN = (f"{PPL}.executor:run_schedule", f"{PPL}.executor:PipelineRunner.forward_backward",
+       f"{PPL}.schedules:one_f_one_b", f"{PPL}.schedules:warmup_1f1b", f"{PPL}.schedules:gpipe")
 
 
 def _model(p: int, seed: int):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from . import describe_mismatch, report, sent
 from .hints import asker
 from .spec import Spec, failed, ranks, run
-from .tensor_parallel import ATOL, RTOL
+from .tp_common import ATOL, RTOL
 
 TP_COMM = "labkit.tensor_parallel.tp_comm"
 OWN_SP = tuple(f"{TP_COMM}:{n}" for n in (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import describe_mismatch, report, sent
 from .spec import Spec, failed, ranks, run
-from .tensor_parallel import ATOL, OWN_CONJUGATES, RTOL, judge_mlp
+from .tp_common import ATOL, OWN_CONJUGATES, RTOL, judge_mlp
 
 TPL = "labkit.tensor_parallel.layers"
 OWN_ATTENTION = OWN_CONJUGATES + (f"{TPL}:ColumnParallelLinear.forward", f"{TPL}:RowParallelLinear.forward",

@@ -32,7 +32,7 @@ import contextlib
 import functools
 
 from . import report, sent
-from .data_parallel import GBS, MODEL, STEPS, TOL, _microbatches, _setup, _world, compare_params, reference
+from .dp_common import GBS, MODEL, STEPS, TOL, _microbatches, _setup, _world, compare_params, reference
 from .spec import Spec, failed, ranks, run
 
 OWN_ZERO2 = ("labkit.data_parallel.zero:ZeRO2._shard_grads",)

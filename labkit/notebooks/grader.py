@@ -114,22 +114,35 @@ def _legacy(ex: Exercise, outcome, timeout: float) -> dict:
     return result
 
 
-def grade_exercise(job, folder: Path, notebook: Path, opts: Options) -> dict:
-    """Run one exercise's job in ``folder`` (a fresh copy of the submission there) and judge it."""
+def _stuck_cell(outcome) -> str:
+    """The answer cell the process was running when it timed out or died ("" if none was)."""
+    if outcome.state not in ("timeout", "died") or not outcome.events:
+        return ""
+    last = outcome.events[-1]
+    return last.get("where", "") if last.get("event") == "cell" else ""
+
+
+def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict | None = None) -> tuple[dict, str]:
+    """Run one exercise's job in ``folder`` (a fresh copy of the submission there) and judge it.
+    ``skip``: {cell: why} answer cells that hung or crashed an earlier exercise's run, left out.
+    Returns (result, the answer cell this run got stuck in or "")."""
     from labkit.check.registry import find
-    ex = job.exercise
+    ex, skip = job.exercise, skip or {}
     folder.mkdir()
     shutil.copyfile(notebook, folder / "submission.ipynb")
     spec = find(ex.id)
-    payload = {"exercise": ex.id, "setup": job.setup, "answers": [list(a) for a in job.answers]}
+    answers = [list(a) for a in job.answers if a[0] not in skip]
+    payload = {"exercise": ex.id, "setup": job.setup, "answers": answers}
+    skipped = [f"{where} was left out ({why})" for where, why in skip.items()
+               if any(a[0] == where for a in job.answers)]
     if spec is None:
         outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout)
-        return _legacy(ex, outcome, opts.timeout)
+        return _legacy(ex, outcome, opts.timeout), _stuck_cell(outcome)
     cases = [(dict(c), False) for c in spec.cases] + [(dict(c), True) for c in opts.hidden.get(ex.id, [])]
     outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout)
     data = {e["index"]: e for e in outcome.events if e.get("event") == "data" and isinstance(e.get("index"), int)}
     judged = [_case_result(spec, case, hidden, data.get(k)) for k, (case, hidden) in enumerate(cases)]
-    return _score(ex, judged, _notes(outcome, opts.timeout), outcome, "isolated")
+    return _score(ex, judged, skipped + _notes(outcome, opts.timeout), outcome, "isolated"), _stuck_cell(outcome)
 
 
 def _summary(path, results, extra=None) -> dict:
@@ -161,7 +174,12 @@ def grade_one(master, master_path: Path, path, opts: Options | None = None) -> d
     try:
         notebook = tmp / "submission.ipynb"
         shutil.copyfile(path, notebook)
-        results = [grade_exercise(job, tmp / job.exercise.id, notebook, opts) for job in todo]
+        results, skip = [], {}
+        for job in todo:                 # a cell that hung or crashed one exercise is left out of the next
+            result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip)
+            results.append(result)
+            if stuck:
+                skip[stuck] = f"it did not finish or crashed while {job.exercise.id} was graded"
     finally:
         if not opts.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -113,8 +113,9 @@ class Sandbox:
         for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
             args += ["--ro-bind-try", d, d]
         made = set()
-        for prefix in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                                            sys.base_exec_prefix, os.path.dirname(os.path.dirname(python)))}):
+        prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                    os.path.dirname(os.path.dirname(python)))
+        for prefix in sorted({os.path.realpath(p) for p in prefixes}):
             if prefix.startswith("/usr/"):
                 continue
             args += _dirs(Path(prefix).parent, made) + ["--ro-bind", prefix, prefix]
