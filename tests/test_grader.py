@@ -372,3 +372,48 @@ def test_a_real_lab_unmodified_fails_solved_passes_forged_fails(tmp_path):
     assert forged["points"] == 0 and "trust me" not in json.dumps(forged)
     rows = list(csv.reader(open(tmp_path / "grades" / "interleaved-pipeline-lab.csv")))
     assert rows[0][4:] == ["interleaved", "bubble", "messages", "points", "max_points"]
+
+
+def test_a_check_that_is_not_a_spec_is_graded_in_process_and_says_so(master, tmp_path):
+    """A lab whose check cell calls its own function (no labkit.check Spec) is still graded: the
+    check cell runs after the answers in the sandboxed process, reported as "in-process"."""
+    legacy = copy.deepcopy(master)
+    for c in legacy.cells:
+        if c.metadata.get("labkit", {}).get("exercise") == "double":
+            c.metadata["labkit"]["exercise"] = "legacy-double"
+    cells = _cells(legacy)
+    cells["setup"].source += ("\nfrom labkit.check import report\n\n\ndef check_double_here(fn):\n"
+                              "    ok = all(fn(x) == 2 * x for x in (0, 3))\n"
+                              "    return report('double', ok, 'twice' if ok else 'not twice', 'hint here')")
+    cells["double-check"].source = "passed = check_double_here(double)"
+    path = tmp_path / "legacy-master.ipynb"
+    nbformat.write(legacy, path)
+    sub = tmp_path / "sub.ipynb"
+    notebooks.student_copy(path, sub)
+    for solved, points in ((False, 0), (True, 1)):
+        if solved:
+            nb = nbformat.read(sub, as_version=4)
+            _cells(nb)["double-stub"].source = "def double(x):\n    return 2 * x"
+            nbformat.write(nb, sub)
+        r = _by_id(grade_one(load_master(path), path, sub, NONE))["legacy-double"]
+        assert r["checked"] == "in-process" and r["points"] == points, r
+
+
+def test_sandbox_commands_bind_only_what_a_submission_needs(tmp_path):
+    from labkit.notebooks.sandbox import INSIDE, Limits
+    root = Sandbox().labkit_root
+    argv = Sandbox("bwrap").argv(tmp_path, "job")
+    for flag in ("--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session", "--clearenv"):
+        assert flag in argv
+    binds = [(argv[i], argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--ro-bind-try")]
+    assert ("--bind", str(tmp_path), "/grade") in binds                 # the only writable bind
+    assert [b for b in binds if b[0] == "--bind"] == [("--bind", str(tmp_path), "/grade")]
+    assert ("--ro-bind", str(root / "labkit"), f"{INSIDE}/labkit") in binds
+    sources = [b[1] for b in binds]
+    under_root = sorted(s for s in sources if s == str(root) or s.startswith(str(root) + "/"))
+    assert under_root == [str(root / "data"), str(root / "labkit")]     # no masters, no hidden tests
+    assert "/" not in sources and not any(s.startswith("/home") for s in sources)
+    docker = Sandbox("docker", image="labkit:grade").argv(tmp_path, "job")
+    for flag in ("--network", "none", "--read-only", "--cap-drop", "ALL", "--pids-limit", "labkit:grade"):
+        assert flag in docker
+    assert Limits().memory_bytes == 6 * 2**30 and Sandbox("none").argv(tmp_path, "job")[1:3] == ["-P", "-s"]

@@ -14,7 +14,7 @@ object per line (the student's own prints go to ``output.txt`` in the working fo
     {"event": "cell", "index": i, "where": "your cell 5"}       before answer cell i
     {"event": "cells", "errors": [[where, "NameError: ..."]]}  after the last one
     {"event": "case", "index": k} / {"event": "data", "index": k, "data": ...}
-    {"event": "legacy", "results": [[passed, text, hint], ...]}  (a check cell run in-process)
+    {"event": "legacy", "stdout": "...", "error": ""}          (a check cell run in-process)
     {"event": "done"}
 
 Data is :mod:`labkit.check.wire` JSON: the grader never unpickles anything from here. The
@@ -56,24 +56,22 @@ class Channel:
 
 
 def _legacy(job, chan) -> None:
-    """A check cell that is not a Spec: run it here after the answers; collect what report() made."""
-    from labkit import check as lc
+    """A check cell that is not a Spec: run it here after the answers and send what it printed
+    (the grader parses its [check] lines). It runs in the student's process: reported as such."""
+    import contextlib
+    import io
+
     from labkit.check.spec import Source, short_error
     src = Source(job.get("setup", []), [tuple(a) for a in job.get("answers", [])], {})
     ns = src.run_cells(lambda i, where: chan.send(event="cell", index=i, where=where))
     chan.send(event="cells", errors=src.errors)
-    made, original = [], lc.report
-
-    def report(name, passed, message, hint=""):
-        made.append([bool(passed), f"{name}: {message}"[:2000], str(hint)[:500]])
-        return original(name, passed, message, hint)
-    lc.report = report
+    out, error = io.StringIO(), ""
     try:
-        exec(compile(job["check_cell"], "<the lab's check cell>", "exec"), ns)   # noqa: S102 - the master's
-        error = ""
+        with contextlib.redirect_stdout(out):
+            exec(compile(job["check_cell"], "<the lab's check cell>", "exec"), ns)   # noqa: S102 - the master's
     except BaseException as e:  # noqa: BLE001 - the check's own error
         error = short_error(e)
-    chan.send(event="legacy", results=made, error=error)
+    chan.send(event="legacy", stdout=out.getvalue()[-20000:], error=error)
 
 
 def main(argv=None) -> int:

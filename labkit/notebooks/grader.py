@@ -99,15 +99,16 @@ def _score(ex: Exercise, cases: list, notes: list, outcome, checked: str) -> dic
 
 
 def _legacy(ex: Exercise, outcome, timeout: float) -> dict:
+    """An in-process check: its printed [check] lines, as many as the master's stored output, all PASS."""
+    from .schema import check_lines
     ev = next((e for e in outcome.events if e.get("event") == "legacy"), {})
-    results = [r for r in ev.get("results", []) if isinstance(r, list) and len(r) == 3][:50]
-    cases = [{"name": str(text).split(":")[0][:200], "hidden": False, "passed": bool(ok),
-              "message": str(text)[:2000] + (f"\nhint: {hint}" if hint and not ok else "")}
-             for ok, text, hint in results]
+    lines = check_lines(str(ev.get("stdout", "")))[:50]
+    cases = [{"name": x.text.split(":")[0][:200], "hidden": False, "passed": x.passed,
+              "message": x.text[:2000] + (f"\nhint: {x.hint}" if x.hint and not x.passed else "")} for x in lines]
     if len(cases) < ex.expected or ev.get("error"):
         cases.append({"name": "the check cell", "hidden": False, "passed": False,
                       "message": f"the check raised {ev['error']}" if ev.get("error") else
-                      f"the check reported {len(results)} of {ex.expected} results"})
+                      f"the check reported {len(lines)} of {ex.expected} results"})
     result = _score(ex, cases, _notes(outcome, timeout), outcome, "in-process")
     if result["status"] == "partial":            # an in-process check is all or nothing
         result["status"], result["points"] = "fail", 0
