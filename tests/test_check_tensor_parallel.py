@@ -1,15 +1,18 @@
 """Tier 2: the Tensor-parallel lab's checks pass correct code and FAIL plausible mistakes
-with a line that names what is wrong; labkit's own implementation is refused while they run.
+with a line that names what is wrong; labkit's own implementation is refused while they run;
+hints come on request, one at a time.
 
 Correct solutions are written here independently of the labs' solution cells. Each test asserts
 the verdict AND the message, so a check that always passed (or failed uselessly) fails here.
-About 25 s on the 2-core machine (2-rank launches). Sequence parallelism: test_check_sequence_parallel.py.
+About 30 s on the 2-core machine (2-rank launches). Sequence parallelism: test_check_sequence_parallel.py;
+the same checks run in isolation, against attacks: test_check_isolation.py.
 """
 import torch
 import torch.nn.functional as F
 
 from labkit import comm
-from labkit.check import reset_hints
+from labkit.model import causal_attention
+from labkit.check import hints
 from labkit.check import tensor_parallel as TP
 
 
@@ -58,15 +61,23 @@ def f_labkit(group, x):
 
 
 def test_conjugates_pass_and_name_each_wrong_backward():
-    reset_hints()
     assert TP.conjugates(f, f_bar)
     partial = TP.conjugates(f_identity, f_bar)
     assert not partial and "input grad is a partial sum" in partial.message, partial.line()
-    assert partial.hint.startswith("(1 of 2) the input gradient is only this rank's share"), partial.hint
+    assert partial.hint.startswith("the input gradient is only this rank's share"), partial.hint
     doubled = TP.conjugates(f, f_bar_all_reduce_backward)
     assert not doubled and "input grad = 2 x the dense gradient" in doubled.message, doubled.line()
     assert "fc2_bias" not in doubled.message          # the bias added after the sum is right
-    reset_hints()
+
+
+def test_hints_come_on_request_one_at_a_time(capsys):
+    hints.reset()
+    first, second = TP.hint("conjugates"), TP.hint("conjugates")
+    assert first.startswith("[hint 1 of 3] conjugates: forward first") and "again for the next" in first
+    assert second.startswith("[hint 2 of 3]") and TP.hint("conjugates").startswith("[hint 3 of 3]")
+    assert TP.hint("conjugates").startswith("[hint 3 of 3]")          # the last one repeats
+    assert TP.hint("vocab-parallel-ce").startswith("[hint 1 of 3]")   # counted per exercise
+    hints.reset()
 
 
 def test_conjugates_refuse_labkits_own_operators():
@@ -75,27 +86,44 @@ def test_conjugates_refuse_labkits_own_operators():
     assert "labkit.tensor_parallel.tp_comm.copy_to is disabled during this check" in result.message
 
 
-# ------------------------------------------------------------------ RowParallelLinear
-def row_ok(layer, x):
-    return ReduceFrom.apply(layer.group, F.linear(x, layer.weight)) + layer.bias
+# ------------------------------------------------------------------ the attention block
+def attention(group, shard, x, bias_first=False, gather=False):
+    d = shard["head_dim"]
+    qkv = F.linear(f(group, x), shard["qkv_weight"], shard["qkv_bias"])
+    b, s, _ = qkv.shape
+    q, k, v = qkv.view(b, s, -1, 3 * d).transpose(1, 2).split(d, dim=-1)
+    y = causal_attention(q, k, v).transpose(1, 2).reshape(b, s, -1)
+    if gather:                                        # the heads gathered, then the dense projection
+        return None
+    if bias_first:
+        return f_bar(group, F.linear(y, shard["proj_weight"], shard["proj_bias"]))
+    return f_bar(group, F.linear(y, shard["proj_weight"])) + shard["proj_bias"]
 
 
-def row_bias_before_sum(layer, x):
-    return ReduceFrom.apply(layer.group, F.linear(x, layer.weight, layer.bias))
+def attention_bias_first(group, shard, x):
+    return attention(group, shard, x, bias_first=True)
 
 
-def row_calls_the_layer(layer, x):
-    return layer(x)
+def attention_extra_gather(group, shard, x):
+    comm.all_gather(group, x)                         # right values, an all-gather too many
+    return attention(group, shard, x)
 
 
-def test_row_parallel_forward():
-    reset_hints()
-    assert TP.row_parallel_forward(row_ok)
-    wrong = TP.row_parallel_forward(row_bias_before_sum)
-    assert not wrong and "out:" in wrong.message and wrong.hint.startswith("(1 of 3)"), wrong.line()
-    refused = TP.row_parallel_forward(row_calls_the_layer)
+def attention_row_layer(group, shard, x):
+    from labkit.tensor_parallel.layers import RowParallelLinear
+    return RowParallelLinear(shard["proj_weight"], shard["proj_bias"], group)(x)
+
+
+def test_tp_attention():
+    ok = TP.tp_attention(attention, world_size=2)
+    assert ok and "one all-reduce forward, one backward" in ok.message, ok.line()
+    bias = TP.tp_attention(attention_bias_first, world_size=2)
+    assert not bias and "plus 1 x linear_proj's bias" in bias.message, bias.line()
+    assert "once, after the all-reduce" in bias.hint
+    extra = TP.tp_attention(attention_extra_gather, world_size=2)
+    assert not extra and "all_gather" in extra.message and "all_reduce" in extra.message, extra.line()
+    refused = TP.tp_attention(attention_row_layer, world_size=2)
     assert not refused and "RowParallelLinear.forward is disabled" in refused.message, refused.line()
-    reset_hints()
 
 
 # ------------------------------------------------------------------ vocab-parallel loss
@@ -126,7 +154,6 @@ def ce_gathers_logits(group, logits, labels, start):
 
 
 def test_vocab_parallel_loss():
-    reset_hints()
     ok = TP.vocab_parallel_loss(ce_ok)
     assert ok and "the logits never moved" in ok.message, ok.line()
     wrong = TP.vocab_parallel_loss(ce_local_max)
@@ -134,5 +161,4 @@ def test_vocab_parallel_loss():
     overflow = TP.vocab_parallel_loss(ce_no_max)
     assert not overflow and "inf or nan where the logits are large" in overflow.message, overflow.line()
     moved = TP.vocab_parallel_loss(ce_gathers_logits)
-    assert not moved and "right values, but rank 0 sent 768 bytes" in moved.message, moved.line()
-    reset_hints()
+    assert not moved and "right values, but rank 0 sent 768 bytes (all_gather 768)" in moved.message, moved.line()

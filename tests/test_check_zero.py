@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from labkit import comm
-from labkit.check import reset_hints
 from labkit.check import zero as Z
 
 
@@ -70,11 +69,9 @@ def test_bucketed_zero2_passes_and_its_peak_is_below_labkits():
 
 
 def test_mistakes_fail_with_what_differs():
-    reset_hints()
     kept = Z.zero2_bucket_hook(hook_keeps_grads)
     assert not kept and "still held the full gradients of buckets [0, 1, 2, 3]" in kept.message, kept.line()
     summed = Z.zero2_bucket_hook(hook_sums)
-    assert not summed and "step 1" in summed.message and summed.hint.startswith("(1 of 3)"), summed.line()
+    assert not summed and "step 1" in summed.message and "shards of the mean gradient" in summed.hint, summed.line()
     refused = Z.zero2_bucket_hook(hook_calls_labkit)
     assert not refused and "ZeRO2._shard_grads is disabled" in refused.message, refused.line()
-    reset_hints()

@@ -1,9 +1,11 @@
-"""The Expert-parallelism lab's checks (labkit/check/expert_parallel.py) can pass and can fail.
+"""The Expert-parallelism lab's checks (labkit/check/expert_parallel.py, ep_round_trip.py) can pass
+and can fail.
 
 Each passes a correct solution, fails a solution that calls labkit's own implementation (which
-raises during the check), and fails the planted bugs with a hint that names them: a combine that
-forgets the router weights, one that puts rows back at the wrong tokens, a dispatch that
-returns its own counts instead of the received ones. The dispatch runs on 4 gloo ranks.
+raises during the check), and fails the classic bugs with a message that names them: a combine
+that forgets the router weights or puts rows back at sorted tokens, a dispatch that returns its
+own counts instead of the received ones, split sizes that do not match across ranks (a clear
+message, not gloo's abort). The dispatch and the round trip run on 2 and 4 gloo ranks (about 20 s).
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ import torch.distributed as dist
 
 import labkit.moe as moe
 from labkit.check import expert_parallel as check
-from labkit.check import reset_hints
 
 
 def permute_fn(x, routing_map):
@@ -28,16 +29,8 @@ def forgets_weights(y, token, weight, num_tokens):
     return y.new_zeros(num_tokens, y.shape[1]).index_add(0, token, y)
 
 
-def wrong_order(y, token, weight, num_tokens):
-    return y.new_zeros(num_tokens, y.shape[1]).index_add(0, token.flip(0), y * weight[:, None])
-
-
 def sorted_destinations(y, token, weight, num_tokens):      # the lab's planted bug
     return y.new_zeros(num_tokens, y.shape[1]).index_add(0, token.sort().values, y * weight[:, None])
-
-
-def out_of_bounds(y, token, weight, num_tokens):            # a crash is a FAIL, not an error
-    return y.new_zeros(num_tokens, y.shape[1]).index_add(0, token.argsort(), y * weight[:, None])
 
 
 def dispatch_fn(rows, counts, num_experts):
@@ -66,29 +59,45 @@ def calls_labkit(rows, counts, num_experts):
 
 
 def test_permutation_check():
-    reset_hints()
     assert check.permutation(permute_fn, combine_fn)
     assert not check.permutation(lambda x, m: (x[moe.permute(m)[0]], moe.permute(m)[0]), combine_fn)
     assert not check.permutation(lambda x, m: (x[m.nonzero()[:, 0]], m.nonzero()[:, 0]), combine_fn)
     assert not check.permutation(permute_fn, forgets_weights)
 
 
-def test_combine_check_finds_the_planted_bugs(capsys):
-    reset_hints()
-    assert check.combine(combine_fn)
-    assert not check.combine(forgets_weights)
-    assert "UNWEIGHTED" in capsys.readouterr().out
-    assert not check.combine(wrong_order)
-    assert not check.combine(sorted_destinations)
-    assert "go back to the token" in capsys.readouterr().out
-    assert not check.combine(out_of_bounds)
-    assert "your combine raised" in capsys.readouterr().out
-    assert not check.combine(moe.unpermute)
-    assert "labkit's own implementation" in capsys.readouterr().out
+def round_trip(group, x, probs, routing_map, experts, combine=combine_fn, same_splits=False):
+    ep, E = group.size, routing_map.shape[1]
+    per = E // ep
+    rows, token = permute_fn(x, routing_map)
+    counts = routing_map.sum(0)
+    got_counts = torch.empty_like(counts)
+    dist.all_to_all_single(got_counts, counts, group=group.pg)
+    send, recv = counts.view(ep, per).sum(1).tolist(), got_counts.view(ep, per).sum(1).tolist()
+    got = rows.new_empty(sum(send if same_splits else recv), rows.shape[1])
+    dist.all_to_all_single(got, rows, send if same_splits else recv, send, group=group.pg)
+    by_src = list(got.split(got_counts.tolist()))
+    outs = [experts[e](torch.cat([by_src[s * per + e] for s in range(ep)])) for e in range(per)]
+    pieces = [o.split(got_counts.view(ep, per)[:, e].tolist()) for e, o in enumerate(outs)]
+    back = torch.cat([pieces[e][s] for s in range(ep) for e in range(per)])
+    returned = rows.new_empty(rows.shape)
+    dist.all_to_all_single(returned, back, send, recv, group=group.pg)
+    weight = probs[token, torch.repeat_interleave(torch.arange(E), counts)]
+    return combine(returned, token, weight, x.shape[0])
+
+
+def test_round_trip_check_passes_and_names_the_combine_bugs(capsys):
+    assert check.round_trip(round_trip, world_size=2)
+    r = check.round_trip(lambda *a: round_trip(*a, combine=forgets_weights), world_size=2)
+    assert not r and "UNWEIGHTED" in r.message, r.line()
+    r = check.round_trip(lambda *a: round_trip(*a, combine=sorted_destinations), world_size=2)
+    assert not r and "output" in r.message and "back at the token it came from" in r.hint, r.line()
+    r = check.round_trip(lambda *a: round_trip(*a, combine=moe.unpermute), world_size=2)
+    assert not r and "labkit's own implementation" in r.message, r.line()
+    r = check.round_trip(lambda *a: round_trip(*a, same_splits=True), world_size=2)   # sized by its sends
+    assert not r and "output_split_sizes" in r.message and "code -6" not in r.message, r.line()
 
 
 def test_dispatch_check(capsys):
-    reset_hints()
     assert check.dispatch(dispatch_fn)
     assert not check.dispatch(calls_labkit)
     assert "labkit's own implementation" in capsys.readouterr().out

@@ -1,12 +1,13 @@
 """The grader (``labkit.notebooks`` grade, validate, student-copy) on tests/fixtures/tiny-master.ipynb.
 
-Three exercises (double: 1 point; mean: 2 points, two checks; shout: 1 point). The runs the issue
-asks for: the student copy as handed out fails every exercise with the check's own message; with
-the solutions written in, it passes all; forged (a check edited to print PASS, another deleted,
-the locked set-up cell edited to a permissive check) it fails them; a crash and a timeout are each
-reported for their own exercise while the next exercise is still graded. Kernel runs take ~2 s
-each (one kernel start); the whole file ~25 s on the 2-core machine, plus ~25 s for the same three
-runs on a real lab, solutions/interleaved-pipeline-lab.ipynb (marked slow).
+Three exercises (double: 1 point; mean: 2 points, two cases: partial credit; shout: 1 point), their
+checks in ``labkit.check.example``. Static parts first (schema, student copy, validate, what of a
+submission runs), then graded runs without a sandbox (``--sandbox none``, so they run wherever the
+tests do; the sandbox and the attacks are tests/test_grader_attacks.py): the student copy as handed
+out fails every exercise with the check's own message; solved, it passes all; forged checks change
+nothing; partial credit; a crash and a timeout each cost only their exercise; the gradebook an LMS
+takes (student ids, Canvas CSV, Gradescope's results.json). About 30 s on the 2-core machine (one
+fresh interpreter per exercise), plus a real lab marked slow.
 """
 import copy
 import csv
@@ -20,7 +21,9 @@ import pytest
 nbformat = pytest.importorskip("nbformat", reason="the notebook tools (requirements.txt) are not installed")
 
 from labkit import notebooks
-from labkit.notebooks.grader import grade_one, merge
+from labkit.notebooks.answers import flags, jobs, merge
+from labkit.notebooks.grader import Options, grade_one
+from labkit.notebooks.sandbox import Sandbox
 from labkit.notebooks.gradebook import MasterError, load_master
 from labkit.notebooks.schema import check_lines, exercises
 
@@ -58,6 +61,9 @@ def _solve(cells, nb, master=None):
 
 def _by_id(result):
     return {x["id"]: x for x in result["exercises"]}
+
+
+NONE = Options(sandbox=Sandbox("none"), timeout=20)
 
 
 # -- static: schema, student copy, validate, merge (no kernel) -------------------------------------
@@ -138,7 +144,7 @@ def test_unreadable_or_foreign_submission_is_missing_not_a_crash(master, tmp_pat
     foreign = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
     nbformat.write(foreign, tmp_path / "foreign.ipynb")
     for name, words in (("broken.ipynb", "could not read"), ("foreign.ipynb", "no cell id of the master")):
-        r = grade_one(master, MASTER, tmp_path / name)
+        r = grade_one(master, MASTER, tmp_path / name, NONE)
         assert [x["status"] for x in r["exercises"]] == ["missing"] * 3
         assert words in r["exercises"][0]["message"]
 
@@ -160,60 +166,140 @@ def test_check_lines_parse_hints():
                                                           (True, "b: ok", "")]
 
 
-# -- kernel runs ---------------------------------------------------------------------------------
+# -- what of a submission runs ---------------------------------------------------------------------
 
-def test_cli_grades_a_class_unmodified_fails_solved_passes(master, tmp_path):
-    unmodified = _student(master, tmp_path, "alice.ipynb")
-    solved = _student(master, tmp_path, "bob.ipynb", edit=_solve)
-    out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", str(unmodified), str(solved),
-                          "--master", str(MASTER), "--json", "--out", str(tmp_path / "grades")],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 1, out.stderr          # not everyone has full points
-    lines = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(lines) == 2
-    for r in lines:                                   # exactly the issue's shape
-        assert list(r) == ["submission", "points", "max_points", "exercises"]
-        assert [list(x) for x in r["exercises"]] == [["id", "status", "points", "max_points", "message"]] * 3
-    alice, bob = lines
-    assert (alice["points"], alice["max_points"], bob["points"]) == (0, 4, 4)
-    for x in alice["exercises"]:                      # each FAIL is the check's message and hint
-        assert x["status"] == "fail" and x["points"] == 0 and x["max_points"] == POINTS[x["id"]]
-        assert f"raised NotImplementedError: write {x['id']}" in x["message"]
-        assert "\nhint: replace the raise by your code" in x["message"]
-    assert [x["status"] for x in bob["exercises"]] == ["pass"] * 3
-    assert "mean([1, 2, 3]) = 2.0; mean of 1 values" in _by_id(bob)["mean"]["message"]
-
-    rows = list(csv.reader(open(tmp_path / "grades" / "tiny-master.csv")))
-    assert rows == [["submission", "double", "mean", "shout", "points", "max_points"],
-                    [str(unmodified), "0", "0", "0", "0", "4"], [str(solved), "1", "2", "1", "4", "4"]]
-    book = json.loads((tmp_path / "grades" / "tiny-master.json").read_text())
-    assert book["submissions"] == lines and [e["id"] for e in book["exercises"]] == list(POINTS)
+def test_jobs_hold_the_setup_and_the_answers_up_to_each_check_only(master, tmp_path):
+    def edit(cells, nb):
+        _solve(cells, nb)
+        cells["double-check"].source = 'print("[check] PASS double: forged")'
+        added = nbformat.v4.new_code_cell("helper = 2")
+        added.id = "added"
+        nb.cells.insert(7, added)                                                 # before mean's check
+    sub = nbformat.read(_student(master, tmp_path, edit=edit), as_version=4)
+    got = {j.exercise.id: j for j in jobs(master, sub)}
+    assert got["double"].setup == ["from labkit.check import example as check"]
+    assert [w for w, _ in got["double"].answers] == ["your cell 4"]
+    assert [src for _, src in got["mean"].answers][-1] == "helper = 2"
+    assert len(got["shout"].answers) == 4                       # every answer up to shout's check
+    everything = "".join(src for j in got.values() for _, src in j.answers)
+    assert "forged" not in everything and "check_double" not in everything   # no locked cell runs
 
 
-def test_forged_checks_cannot_pass(master, tmp_path):
+def test_flags_point_at_code_that_reaches_into_the_grader():
+    got = flags([("your cell 3", "import gc, importlib\nf.__code__ = g.__code__\nexec('x')"),
+                 ("your cell 4", "def double(x):\n    return 2 * x")])
+    assert {f["what"] for f in got} == {"imports gc, importlib", "uses .__code__", "calls exec()"}
+    assert all(f["where"] == "your cell 3" for f in got)
+
+
+# -- graded runs (no sandbox: fresh processes only) ------------------------------------------------
+
+def test_unmodified_fails_solved_passes_forged_changes_nothing(master, tmp_path):
     def forge(cells, nb):
-        cells["double-check"].source = 'print("[check] PASS double: all good")'   # edited to print PASS
-        cells["setup"].source += "\ncheck_shout = lambda fn: report('shout', True, 'trust me')"
-        cells["shout-stub"].source += '\nprint("[check] PASS shout: trust me")'  # PASS in an answer
-        nb.cells = [c for c in nb.cells if c.id != "mean-check"]                   # deleted
-    r = grade_one(master, MASTER, _student(master, tmp_path, edit=forge))
-    assert r["points"] == 0
-    for x in r["exercises"]:
-        assert x["status"] == "fail" and "NotImplementedError" in x["message"], x
-        assert "all good" not in x["message"] and "trust me" not in x["message"]
+        cells["double-check"].source = 'print("[check] PASS double: all good")'     # edited to print PASS
+        cells["setup"].source += "\ncheck.check_shout = lambda fn: print('[check] PASS shout: trust me')"
+        cells["shout-stub"].source += '\nprint("[check] PASS shout: trust me")'    # PASS in an answer
+        nb.cells = [c for c in nb.cells if c.id != "mean-check"]                    # deleted
+    for name, edit, points in (("alice", None, 0), ("bob", _solve, 4), ("mallory", forge, 0)):
+        r = grade_one(master, MASTER, _student(master, tmp_path, f"{name}.ipynb", edit), NONE)
+        assert r["points"] == points and r["max_points"] == 4, (name, r)
+        assert [x["checked"] for x in r["exercises"]] == ["isolated"] * 3
+        if points == 0:
+            for x in r["exercises"]:
+                assert x["status"] == "fail" and "raised NotImplementedError: write" in x["message"], x
+                assert "\nhint: the exercise is not written yet" in x["message"]
+                assert "trust me" not in json.dumps(r) and "all good" not in json.dumps(r)
 
 
-def test_crash_and_timeout_are_reported_per_exercise(master, tmp_path):
+def test_partial_credit_counts_the_cases_that_pass(master, tmp_path):
+    def half(cells, nb):
+        cells["mean-stub"].source = "def mean(values):\n    return 2.5"                  # right for [2.5] only
+    r = grade_one(master, MASTER, _student(master, tmp_path, edit=half), NONE)
+    mean = _by_id(r)["mean"]
+    assert (mean["status"], mean["points"], mean["max_points"]) == ("partial", 1.0, 2)
+    assert [c["passed"] for c in mean["cases"]] == [False, True]
+    assert "returned 2.5" in mean["message"]
+
+
+def test_a_crash_and_a_timeout_cost_only_their_exercise(master, tmp_path):
     def sabotage(cells, nb):
         _solve(cells, nb)
-        cells["double-stub"].source = "import os\n\ndef double(x):\n    os._exit(1)   # the kernel dies"
+        cells["double-stub"].source = "import os\n\ndef double(x):\n    os._exit(1)   # the process dies"
         cells["mean-stub"].source = "import time\ntime.sleep(60)\n" + cells["mean-stub"].source
-    r = grade_one(master, MASTER, _student(master, tmp_path, edit=sabotage), timeout=3)
+    opts = Options(sandbox=Sandbox("none"), timeout=3)
+    r = grade_one(master, MASTER, _student(master, tmp_path, edit=sabotage), opts)
     ex = _by_id(r)
-    assert ex["double"]["status"] == "error" and "kernel died while the check ran" in ex["double"]["message"]
+    assert ex["double"]["status"] == "error" and "died" in ex["double"]["message"], ex["double"]
     assert ex["mean"]["status"] == "timeout"
-    assert ex["mean"]["message"].startswith("your cell 7 did not finish within 3 s")
-    assert ex["shout"]["status"] == "pass" and r["points"] == 1     # graded after both
+    assert ex["mean"]["message"].startswith("your cell 7 did not finish within 3 s"), ex["mean"]
+    assert ex["shout"]["status"] == "pass" and r["points"] == 1
+
+
+def test_hidden_cases_are_graded_and_count(master, tmp_path):
+    opts = Options(sandbox=Sandbox("none"), timeout=20, hidden={"double": [{"xs": [7, -1]}]})
+
+    def cheat(cells, nb):                        # right on the visible inputs only
+        cells["double-stub"].source = "def double(x):\n    return {0: 0, 3: 6, -2.5: -5.0}.get(x)"
+    r = grade_one(master, MASTER, _student(master, tmp_path, edit=cheat), opts)
+    d = _by_id(r)["double"]
+    assert [(c["hidden"], c["passed"]) for c in d["cases"]] == [(False, True), (True, False)]
+    assert d["status"] == "partial" and d["points"] == 0.5
+
+
+# -- the gradebook -------------------------------------------------------------------------------
+
+def test_cli_gradebook_ids_canvas_and_json(master, tmp_path):
+    subs = [_student(master, tmp_path, "hw1-alice.ipynb"), _student(master, tmp_path, "hw1-bob.ipynb", edit=_solve)]
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,name,canvas_id,sis_user_id,section\nalice,Alice A,101,S1,A\nbob,Bob B,102,S2,A\n"
+                      "carol,Carol C,103,S3,B\n")
+    out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", *map(str, subs), "--master",
+                          str(MASTER), "--json", "--out", str(tmp_path / "grades"), "--sandbox", "none",
+                          "--unsafe-no-sandbox", "--id-pattern", r"hw1-(?P<id>\w+)\.ipynb", "--roster",
+                          str(roster), "--assignment", "hw1", "--canvas-assignment-id", "555"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 1, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    for r in lines:
+        assert list(r)[:5] == ["student_id", "sha256", "submitted_at", "graded_at", "submission"]
+        assert [list(x) for x in r["exercises"]] == [["id", "status", "points", "max_points", "message",
+                                                      "checked", "cases"]] * 3
+    assert [(r["student_id"], r["points"]) for r in lines] == [("alice", 0), ("bob", 4)]
+    rows = list(csv.reader(open(tmp_path / "grades" / "hw1.csv")))
+    assert rows[0] == ["student_id", "submission", "submitted_at", "graded_at", "double", "mean", "shout",
+                       "points", "max_points"]
+    assert [r[0] for r in rows[1:]] == ["alice", "bob"] and rows[2][4:] == ["1.0", "2.0", "1.0", "4.0", "4"]
+    canvas = list(csv.reader(open(tmp_path / "grades" / "hw1-canvas.csv")))
+    assert canvas == [["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "hw1 (555)"],
+                      ["Alice A", "101", "S1", "", "A", "0.0"], ["Bob B", "102", "S2", "", "A", "4.0"],
+                      ["Carol C", "103", "S3", "", "B", "0"]]          # no submission: 0
+    book = json.loads((tmp_path / "grades" / "hw1.json").read_text())
+    assert book["assignment"] == "hw1" and book["submissions"] == lines
+
+
+def test_a_student_outside_the_roster_is_refused_before_grading(master, tmp_path):
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id\nalice\n")
+    out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", str(_student(master, tmp_path, "eve.ipynb")),
+                          "--master", str(MASTER), "--out", str(tmp_path / "g"), "--sandbox", "none",
+                          "--unsafe-no-sandbox", "--roster", str(roster)], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 2 and "'eve' is not in the roster" in out.stderr
+
+
+def test_run_autograder_writes_gradescopes_results_json(master, tmp_path):
+    from labkit.notebooks.gradescope import run_autograder
+    sub = tmp_path / "submission"
+    sub.mkdir()
+    _student(master, sub, "tiny-master.ipynb", edit=_solve)
+    opts = Options(sandbox=Sandbox("none"), timeout=20, hidden={"shout": [{"texts": ["ok", "no"]}]})
+    out = run_autograder(MASTER, sub, tmp_path / "results" / "results.json", opts)
+    saved = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert saved == out and out["score"] == 4
+    assert [(t["name"], t["score"], t["max_score"], t["visibility"]) for t in out["tests"]] == [
+        ("double", 1.0, 1, "visible"), ("mean", 2.0, 2, "visible"), ("shout", 1.0, 1, "visible"),
+        ("shout: hidden cases", 0.0, 0.0, "after_published")]
+    assert all(t["status"] == "passed" for t in out["tests"])
 
 
 def test_validate_cli_reports_and_exits(master, tmp_path, capsys):
@@ -230,17 +316,17 @@ def test_validate_cli_reports_and_exits(master, tmp_path, capsys):
     assert "cell 4 (id double-stub): source differs from the master's" in capsys.readouterr().out
 
 
-# -- a real lab: the three runs of issue 13 on solutions/interleaved-pipeline-lab.ipynb -------------
+# -- a real lab ----------------------------------------------------------------------------------
 
 REAL = ROOT / "solutions" / "interleaved-pipeline-lab.ipynb"
 
 
 @pytest.mark.slow
 def test_a_real_lab_unmodified_fails_solved_passes_forged_fails(tmp_path):
-    """The cheapest lab with several exercises (3 exercises, 6 points; ~40 s: three kernels, one of
-    them running the whole solved lab). Unmodified: every exercise fails with the check's own
-    message; solved (each stub replaced by the master's solution): full points; forged (one check
-    edited to print PASS, another deleted): those exercises still fail."""
+    """The cheapest lab with several exercises (3 exercises, 6 points), graded in the default
+    sandbox where it runs (else without): unmodified, every exercise fails with the check's own
+    message; solved (each stub replaced by the master's solution), full points; forged (one check
+    edited to print PASS, another deleted), the same as unmodified."""
     if not REAL.exists():
         pytest.skip("no solutions/interleaved-pipeline-lab.ipynb")
     master = nbformat.read(REAL, as_version=4)
@@ -269,10 +355,11 @@ def test_a_real_lab_unmodified_fails_solved_passes_forged_fails(tmp_path):
                 c.source = 'print("[check] PASS interleaved: trust me")'
         nb.cells = [c for c in nb.cells if c.id != checks["bubble"]]
 
+    box = [] if not Sandbox("bwrap").available() else ["--sandbox", "none", "--unsafe-no-sandbox"]
     subs = [copy("unmodified.ipynb"), copy("solved.ipynb", solve), copy("forged.ipynb", forge)]
     out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", *map(str, subs), "--master",
-                          str(REAL), "--json", "--out", str(tmp_path / "grades")],
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
+                          str(REAL), "--json", "--out", str(tmp_path / "grades"), *box],
+                         capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert out.returncode == 1, out.stderr
     unmodified, solved, forged = (json.loads(line) for line in out.stdout.splitlines())
     assert [x["id"] for x in solved["exercises"]] == ["interleaved", "bubble", "messages"]
@@ -282,12 +369,51 @@ def test_a_real_lab_unmodified_fails_solved_passes_forged_fails(tmp_path):
     for x in unmodified["exercises"]:
         assert x["status"] == "fail" and hints[x["id"]] in x["message"], x
     assert all(x["status"] == "pass" for x in solved["exercises"])
-    f = _by_id(forged)
     assert forged["points"] == 0 and "trust me" not in json.dumps(forged)
-    assert f["interleaved"]["status"] == "fail" and "NotImplementedError" in f["interleaved"]["message"]
-    assert f["bubble"]["status"] == "fail" and "no prediction given" in f["bubble"]["message"]
     rows = list(csv.reader(open(tmp_path / "grades" / "interleaved-pipeline-lab.csv")))
-    assert rows[0] == ["submission", "interleaved", "bubble", "messages", "points", "max_points"]
-    assert [r[1:] for r in rows[1:]] == [["0", "0", "0", "0", "6"], ["3", "1", "2", "6", "6"],
-                                         ["0", "0", "0", "0", "6"]]
-    print("".join(open(tmp_path / "grades" / "interleaved-pipeline-lab.csv")))
+    assert rows[0][4:] == ["interleaved", "bubble", "messages", "points", "max_points"]
+
+
+def test_a_check_that_is_not_a_spec_is_graded_in_process_and_says_so(master, tmp_path):
+    """A lab whose check cell calls its own function (no labkit.check Spec) is still graded: the
+    check cell runs after the answers in the sandboxed process, reported as "in-process"."""
+    legacy = copy.deepcopy(master)
+    for c in legacy.cells:
+        if c.metadata.get("labkit", {}).get("exercise") == "double":
+            c.metadata["labkit"]["exercise"] = "legacy-double"
+    cells = _cells(legacy)
+    cells["setup"].source += ("\nfrom labkit.check import report\n\n\ndef check_double_here(fn):\n"
+                              "    ok = all(fn(x) == 2 * x for x in (0, 3))\n"
+                              "    return report('double', ok, 'twice' if ok else 'not twice', 'hint here')")
+    cells["double-check"].source = "passed = check_double_here(double)"
+    path = tmp_path / "legacy-master.ipynb"
+    nbformat.write(legacy, path)
+    sub = tmp_path / "sub.ipynb"
+    notebooks.student_copy(path, sub)
+    for solved, points in ((False, 0), (True, 1)):
+        if solved:
+            nb = nbformat.read(sub, as_version=4)
+            _cells(nb)["double-stub"].source = "def double(x):\n    return 2 * x"
+            nbformat.write(nb, sub)
+        r = _by_id(grade_one(load_master(path), path, sub, NONE))["legacy-double"]
+        assert r["checked"] == "in-process" and r["points"] == points, r
+
+
+def test_sandbox_commands_bind_only_what_a_submission_needs(tmp_path):
+    from labkit.notebooks.sandbox import INSIDE, Limits
+    root = Sandbox().labkit_root
+    argv = Sandbox("bwrap").argv(tmp_path, "job")
+    for flag in ("--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session", "--clearenv"):
+        assert flag in argv
+    binds = [(argv[i], argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--ro-bind-try")]
+    assert ("--bind", str(tmp_path), "/grade") in binds                 # the only writable bind
+    assert [b for b in binds if b[0] == "--bind"] == [("--bind", str(tmp_path), "/grade")]
+    assert ("--ro-bind", str(root / "labkit"), f"{INSIDE}/labkit") in binds
+    sources = [b[1] for b in binds]
+    under_root = sorted(s for s in sources if s == str(root) or s.startswith(str(root) + "/"))
+    assert under_root == [str(root / "data"), str(root / "labkit")]     # no masters, no hidden tests
+    assert "/" not in sources and not any(s.startswith("/home") for s in sources)
+    docker = Sandbox("docker", image="labkit:grade").argv(tmp_path, "job")
+    for flag in ("--network", "none", "--read-only", "--cap-drop", "ALL", "--pids-limit", "labkit:grade"):
+        assert flag in docker
+    assert Limits().memory_bytes == 6 * 2**30 and Sandbox("none").argv(tmp_path, "job")[1:3] == ["-P", "-s"]

@@ -72,3 +72,29 @@ def test_every_notebook_is_stored_with_outputs(path):
     assert not unrun, f"{path}: code cells {unrun} have no stored output; run python -m labkit.notebooks refresh"
     errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{path}: stored outputs contain an error"
+
+
+@pytest.mark.parametrize("master", MASTERS, ids=lambda p: p.name)
+def test_every_exercise_is_a_check_spec_with_hidden_cases(master):
+    """Each exercise of each lab is graded in isolation (a labkit.check Spec), its check cell keeps its
+    own reference to the check module, and its hidden cases (solutions/hidden/) are cases its check
+    accepts. A prediction of one number (the interleaved lab's bubble and messages) has no other
+    case to hide; every lab has hidden cases for its other exercises."""
+    import inspect
+    import json
+
+    from labkit.check.registry import find
+    from labkit.notebooks.schema import exercises
+    nb = nbformat.read(master, as_version=4)
+    hidden_path = master.parent / "hidden" / master.name.replace(".ipynb", ".json")
+    hidden = json.loads(hidden_path.read_text())
+    numbers = {"bubble", "messages"}
+    for ex in exercises(nb):
+        spec = find(ex.id)
+        assert spec is not None, f"{master.name}: exercise {ex.id!r} is not a labkit.check Spec"
+        assert "from labkit.check import" in ex.check_source, f"{ex.id}: the check cell imports its own check"
+        assert ex.id in hidden or ex.id in numbers, f"{master.name}: no hidden case for {ex.id!r}"
+        for case in list(spec.cases) + hidden.get(ex.id, []):
+            inspect.signature(spec.judge).bind(None, **case)
+            inspect.signature(spec.produce).bind(None, **case)
+    assert set(hidden) <= {ex.id for ex in exercises(nb)}, "hidden cases of an exercise the lab does not have"

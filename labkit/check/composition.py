@@ -1,47 +1,83 @@
-"""Checks for the PTD-P lab: the rank grid, the bytes of a composed step, and the capstone.
+"""Checks for the PTD-P lab: the rank grid, the bytes of a composed step, and the capstone (``capstone.py``).
 
-``rank_grid(student_fn)``: ``student_fn(rank, tp, dp, pp) -> {"tp": i, "dp": j, "pp": k}`` in
-Megatron's order (tp fastest, pp slowest); compared with the arithmetic written out here, for
-several grids, while ``labkit.Topology`` is disabled.
+``rank_grid(student_fn)``: ``student_fn(world, sizes, axis) -> [[ranks], ...]``: every group of
+``axis`` ("tp", "cp", "dp", "pp", "dp_cp" or "mp") of a grid with Megatron's order tp-cp-dp-pp
+(tp fastest), each group's ranks ascending; the judge compares with ``labkit.Topology`` for
+several grids, while the student's code runs without it (``Topology.coords``/``groups`` banned).
 
 ``step_bytes(student_fn, layout)``: ``student_fn(shape, pp_rank) -> {"tp", "pp", "dp", "embd"}``,
 the bytes a rank of pipeline rank ``pp_rank`` sends on each group in one step of a TP x PP x DP
 run (no SP, no interleaving, plain DP, tied embeddings). ``shape`` holds s, b, h, L, V, t, p, d,
-m, e and ``params``: {pp_rank: parameters that rank holds}. Compared with what ``labkit.train``
-counted on its process groups (``labkit.comm``), with ``labkit.calc.composed`` disabled.
-
-``capstone(choose_fn, predict_fn)``: ``choose_fn(model, cluster, global_batch_size) -> (tp, pp)``
-must pick the planner's winner; that (tp, pp) is run on 8 CPU ranks (dp = 8 / (tp pp)), compared
-with one device (losses and every gradient, float64), and ``predict_fn`` must explain its bytes.
+m, e and ``params``: {pp_rank: parameters that rank holds}. The judge runs ``labkit.train`` on the
+layout in its own process and compares with what every rank counted on its groups;
+``labkit.calc.composed`` is banned while the student's function runs.
 """
 from __future__ import annotations
 
-from . import forbidden, hint, report
+from . import report
+from .spec import Spec, call, failed, run
 
-GRIDS = [(2, 2, 2), (4, 1, 2), (2, 4, 1), (1, 2, 4), (8, 1, 1), (2, 1, 4)]
+GRIDS = ({"tp": 2, "cp": 1, "dp": 2, "pp": 2}, {"tp": 4, "cp": 1, "dp": 1, "pp": 2},
+         {"tp": 2, "cp": 2, "dp": 2, "pp": 1}, {"tp": 1, "cp": 2, "dp": 2, "pp": 2},
+         {"tp": 2, "cp": 1, "dp": 1, "pp": 4})
+AXES = ("tp", "cp", "dp", "pp", "dp_cp", "mp")
+OWN_GRID = ("labkit.topology:Topology.coords", "labkit.topology:Topology.groups",
+            "labkit.topology:Topology.group_of", "labkit.topology:Topology._enumerate",
+            "labkit.groups:build_groups")
 
 
-def rank_grid(student_fn):
-    name = "rank_grid"
-    with forbidden("labkit.topology:Topology.coords", "labkit.topology:Topology.groups",
-                   why="write the arithmetic of Megatron's rank order yourself"):
-        for tp, dp, pp in GRIDS:
-            for rank in range(tp * dp * pp):
-                expected = {"tp": rank % tp, "dp": (rank // tp) % dp, "pp": rank // (tp * dp)}
+def _produce_grid(student, grids=GRIDS):
+    fn = student.load()["groups"]
+    out = []
+    with student.banning(OWN_GRID, "write the arithmetic of Megatron's rank order yourself"):
+        for sizes in grids:
+            world = sizes["tp"] * sizes["cp"] * sizes["dp"] * sizes["pp"]
+            row = {}
+            for axis in AXES:
+                got, failure = call(fn, world, dict(sizes), axis)
+                if failure:
+                    return {**failure, "detail": f"{sizes}, axis {axis}: {failure['detail']}"}
                 try:
-                    got = dict(student_fn(rank, tp, dp, pp))
-                except Exception as e:  # noqa: BLE001 - the student's error is the message
-                    return report(name, False, f"tp {tp} dp {dp} pp {pp}, rank {rank}: raised "
-                                  f"{type(e).__name__}: {e}", "run the function on one rank first")
-                wrong = sorted(k for k in expected if got.get(k) != expected[k])
-                if wrong:
-                    return report(name, False, f"tp {tp} x dp {dp} x pp {pp}, rank {rank}: the "
-                                  f"{' and '.join(wrong)} coordinate"
-                                  f"{'s differ' if len(wrong) > 1 else ' differs'}", hint(name, student_fn, [
-                                      "tp varies fastest, then dp, then pp",
-                                      "rank = tp_rank + tp * (dp_rank + dp * pp_rank): invert it",
-                                      "tp_rank = rank % tp, then divide by tp and repeat with dp"]))
-    return report(name, True, f"every rank of {len(GRIDS)} grids, Megatron's tp-dp-pp order")
+                    row[axis] = [[int(r) for r in g] for g in got]
+                except (TypeError, ValueError):
+                    return {"failed": "raised", "detail": f"{sizes}, axis {axis}: return a list of lists of ranks"}
+            out.append(row)
+    return out
+
+
+def _judge_grid(data, grids=GRIDS):
+    from ..topology import Topology
+    name = "rank_grid"
+    bad = failed(name, data, "call your function on one grid and one axis in the notebook first")
+    if bad is not None:
+        return bad
+    for sizes, got in zip(grids, data):
+        topo = Topology(sizes["tp"] * sizes["cp"] * sizes["dp"] * sizes["pp"], tp=sizes["tp"], cp=sizes["cp"],
+                        pp=sizes["pp"])
+        for axis in AXES:
+            want = sorted(sorted(g) for g in topo.groups(axis))
+            mine = got[axis]
+            if any(g != sorted(g) for g in mine):
+                return report(name, False, f"{sizes}, axis {axis}: a group's ranks are not in ascending order "
+                              f"({mine[0]})", "list each group's ranks in the order of their coordinate on the axis")
+            if sorted(mine) != want:
+                return report(name, False, f"{sizes}, axis {axis}: got {sorted(mine)[:3]}..., Megatron's groups "
+                              f"are {want[:3]}...", "a group holds the ranks whose coordinates agree on every "
+                              "OTHER axis; tp varies fastest, then cp, dp, pp")
+    return report(name, True, f"every group of {len(AXES)} axes of {len(grids)} grids, Megatron's tp-cp-dp-pp order")
+
+
+RANK_GRID = Spec("rank-grid", {"groups": "groups"}, _produce_grid, _judge_grid, cases=({},), forbid=OWN_GRID,
+                 why="write the arithmetic of Megatron's rank order yourself", hints=(
+                     "first write the coordinates of one rank: tp varies fastest, then cp, then dp, then pp",
+                     "rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank)): invert it with % and //",
+                     "a group of an axis: the ranks whose coordinates on every OTHER axis are equal; 'dp_cp' "
+                     "varies both cp and dp, 'mp' both tp and pp"))
+
+
+def rank_grid(student_fn, grids=GRIDS):
+    """``student_fn(world, sizes, axis) -> groups``; print one [check] line."""
+    return run(RANK_GRID, {"groups": student_fn}, grids=[dict(g) for g in grids])
 
 
 # -----------------------------------------------------------------------------------------------
@@ -62,20 +98,6 @@ def _counted(res, steps: int) -> list:
                   for g in ("tp", "pp", "dp", "embd")}
         counted.append((rank["coords"]["pp"], groups))
     return counted
-
-
-def _try(name, student_fn, shape):
-    """Call the prediction for every pipeline rank before anything runs: a stub fails at once."""
-    for pp_rank in range(shape["p"]):
-        try:
-            got = student_fn(dict(shape), pp_rank)
-        except Exception as e:  # noqa: BLE001
-            return report(name, False, f"pp rank {pp_rank}: raised {type(e).__name__}: {e}",
-                          "call your function with the shape dict and 0 first")
-        if not isinstance(got, dict):
-            return report(name, False, f"pp rank {pp_rank}: returned {got!r}, not a dict of bytes per group",
-                          'return {"tp": ..., "pp": ..., "dp": ..., "embd": ...}')
-    return None
 
 
 def params_per_stage(cfg) -> dict:
@@ -103,86 +125,87 @@ class _FakeGroup:
         self.size, self.rank, self.name = size, 0, "tp"
 
 
-def _compare(name, student_fn, shape, counted) -> object | None:
-    for pp_rank, groups in counted:
-        got = dict(student_fn(dict(shape), pp_rank))
-        for g, expected in groups.items():
-            if abs(float(got.get(g, 0.0)) - expected) > 0.5:
-                return report(name, False, f"pp rank {pp_rank}, group {g}: predicted "
-                              f"{float(got.get(g, 0.0)):,.0f} bytes, the run sent {expected:,.0f}",
-                              hint(name, student_fn, [
-                                  "compare term by term: which collectives run on this group, per "
-                                  "microbatch and per step?",
-                                  "tp: 4 all-reduces of s*b*h*e per layer per microbatch, plus the "
-                                  "embedding's (first stage), the output layer's and the loss's (last)",
-                                  "ring all-reduce sends 2(n-1)/n of the tensor; all-gather (n-1)/n "
-                                  "of the gathered one; dp: one all-reduce of the rank's parameters"],
-                                  kind=g))
-    return None
-
-
-def step_bytes(student_fn, layout: dict):
-    """Compare ``student_fn``'s bytes with a real run of ``layout`` (one step)."""
-    name = f"step_bytes ({layout.get('world_size')} ranks)"
-    if layout.get("sequence_parallel") or layout.get("num_layers_per_virtual_pipeline_stage"):
-        raise ValueError("step_bytes covers TP x PP x DP without SP or interleaving")
+def _produce_bytes(student, layout):
     from ..config import train_config
-    from ..training import train
+    fn = student.load()["predict"]
     kw = {k: v for k, v in layout.items() if k != "world_size"}
     shape = layout_shape(train_config(**kw), layout["world_size"])
-    with forbidden("labkit.calc.composed:labkit_step_bytes", why="derive the bytes yourself"):
-        failed = _try(name, student_fn, shape)
-    if failed is not None:
-        return failed
-    res = train(world_size=layout["world_size"], steps=1, log_interval=0, backend="gloo", **kw)
-    counted = _counted(res, 1)
-    with forbidden("labkit.calc.composed:labkit_step_bytes", why="derive the bytes yourself"):
-        failed = _compare(name, student_fn, shape, counted)
-    if failed is not None:
-        return failed
-    total = sum(sum(g.values()) for _, g in counted)
+    out = {}
+    with student.banning(("labkit.calc.composed:labkit_step_bytes",), "derive the bytes yourself"):
+        for pp_rank in range(shape["p"]):
+            got, failure = call(fn, dict(shape), pp_rank)
+            if failure:
+                return {**failure, "detail": f"pp rank {pp_rank}: {failure['detail']}"}
+            if not isinstance(got, dict):
+                return {"failed": "raised", "detail": f"pp rank {pp_rank}: returned {type(got).__name__}, not a "
+                        "dict of bytes per group"}
+            try:
+                out[str(pp_rank)] = {g: float(got.get(g, 0.0)) for g in ("tp", "pp", "dp", "embd")}
+            except (TypeError, ValueError) as e:
+                return {"failed": "raised", "detail": f"pp rank {pp_rank}: {e}"}
+    return out
+
+
+def counted(layout: dict, steps: int = 1) -> list:
+    """[(pp_rank, {group: bytes per step})] of a real ``labkit.train`` run of ``layout`` (judge side)."""
+    from ..training import train
+    kw = {k: v for k, v in layout.items() if k != "world_size"}
+    res = train(world_size=layout["world_size"], steps=steps, log_interval=0, backend="gloo", **kw)
+    return _counted(res, steps)
+
+
+def _judge_bytes(data, layout):
+    name = f"step_bytes ({layout.get('world_size')} ranks)"
+    bad = failed(name, data, 'return {"tp": ..., "pp": ..., "dp": ..., "embd": ...}')
+    if bad is not None:
+        return bad
+    rows = counted(layout)
+    for pp_rank, groups in rows:
+        got = data[str(pp_rank)]
+        for g, expected in groups.items():
+            if abs(got.get(g, 0.0) - expected) > 0.5:
+                return report(name, False, f"pp rank {pp_rank}, group {g}: predicted {got.get(g, 0.0):,.0f} bytes, "
+                              f"the run sent {expected:,.0f}", "compare term by term: which collectives run on "
+                              "this group, per microbatch and per step?")
+    total = sum(sum(g.values()) for _, g in rows)
     return report(name, True, f"every rank, every group: {total:,.0f} bytes in all, as predicted")
 
 
-def capstone(choose_fn, predict_fn, model: str = "megatron-39b", nodes: int = 8,
-             global_batch_size: int = 1024):
-    """Choose with the planner, run the choice on 8 ranks, prove parity, explain the bytes."""
-    import labkit.calc as calc
+LAYOUT = dict(world_size=8, num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16,
+              micro_batch_size=2, global_batch_size=8, params_dtype="float64",
+              tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+STEP_BYTES = Spec("step-bytes", {"predict": "predict"}, _produce_bytes, _judge_bytes,
+                  cases=({"layout": LAYOUT},), forbid=("labkit.calc.composed:labkit_step_bytes",),
+                  why="derive the bytes yourself", hints=(
+                      "group by group: which collectives run on it, per microbatch and per step?",
+                      "tp: 4 all-reduces of s*b*h*e per layer per microbatch, plus the embedding's (first stage), "
+                      "the output layer's and the loss's (last)",
+                      "a ring all-reduce sends 2(n-1)/n of the tensor, an all-gather (n-1)/n of the gathered one; "
+                      "dp: one all-reduce of the rank's parameters; embd: the tied embedding's gradient"))
 
-    from ..measure.ptdp import composed_run
-    name = "capstone"
-    m, cl = calc.model(model), calc.cluster("dgx-a100", nodes)
-    best = calc.plan(m, cl, global_batch_size)["ranked"][0]
-    try:
-        tp, pp = choose_fn(m, cl, global_batch_size)
-    except Exception as e:  # noqa: BLE001
-        return report(name, False, f"choose raised {type(e).__name__}: {e}", "call calc.plan first")
-    if (tp, pp) != (best["tp"], best["pp"]):
-        return report(name, False, f"chose TP {tp} x PP {pp}; the planner's winner is another layout",
-                      hint(name, choose_fn, ["the winner is the first row of calc.plan(...)['ranked']",
-                                             "read its 'tp' and 'pp'"]))
-    if 8 % (tp * pp):
-        return report(name, False, f"TP {tp} x PP {pp} does not fit 8 ranks", "pick tp * pp dividing 8")
-    layout = dict(num_layers=2 * pp, hidden_size=32, num_attention_heads=max(4, tp), seq_length=16,
-                  micro_batch_size=2, global_batch_size=8, params_dtype="float64",
-                  tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    steps = 3
-    from ..config import train_config
-    shape = layout_shape(train_config(**layout), 8)
-    with forbidden("labkit.calc.composed:labkit_step_bytes", why="derive the bytes yourself"):
-        failed = _try(name, predict_fn, shape)
-    if failed is not None:
-        return failed
-    run = composed_run(8, steps=steps, **layout)
-    if run["max_loss_diff"] > 1e-12 or run["max_grad_diff"] > 1e-12:
-        return report(name, False, f"the composed run differs from one device: losses by "
-                      f"{run['max_loss_diff']:.1e}, gradients by {run['max_grad_diff']:.1e}",
-                      "this is labkit's side, not yours: report it")
-    counted = _counted(run["result"], steps)
-    with forbidden("labkit.calc.composed:labkit_step_bytes", why="derive the bytes yourself"):
-        failed = _compare(name, predict_fn, shape, counted)
-    if failed is not None:
-        return failed
-    return report(name, True, f"the planner's TP {tp} x PP {pp} for {model} on {nodes} DGX A100 nodes, "
-                  f"run as TP {tp} x PP {pp} x DP {8 // (tp * pp)} on 8 ranks: losses and every "
-                  f"gradient equal one device (<= 1e-12), every byte predicted")
+
+def step_bytes(student_fn, layout: dict = LAYOUT):
+    """Compare ``student_fn``'s bytes with a real run of ``layout`` (one step)."""
+    if layout.get("sequence_parallel") or layout.get("num_layers_per_virtual_pipeline_stage"):
+        raise ValueError("step_bytes covers TP x PP x DP without SP or interleaving")
+    return run(STEP_BYTES, {"predict": student_fn}, layout=dict(layout))
+
+
+def _specs():
+    from . import capstone
+    return {s.id: s for s in (RANK_GRID, STEP_BYTES, capstone.CAPSTONE)}
+
+
+def hint(exercise_id: str) -> str:
+    """Print the next hint of ``exercise_id`` ("rank-grid", "step-bytes", "capstone")."""
+    from .hints import asker
+    return asker(_specs())(exercise_id)
+
+
+def __getattr__(name):
+    if name == "SPECS":
+        return _specs()
+    if name == "capstone":
+        from .capstone import capstone
+        return capstone
+    raise AttributeError(name)

@@ -1,42 +1,23 @@
-"""Checks for the Expert-parallelism lab: the permutation and its inverse, the all-to-all dispatch
-with split sizes, and the combine (with a planted bug to find).
+"""Checks for the Expert-parallelism lab: the permutation and its inverse, the all-to-all dispatch with
+split sizes, and a whole dispatch-combine round trip (``ep_round_trip.py``).
 
 * ``permutation(permute_fn, unpermute_fn)``: ``permute_fn(x, routing_map) -> (rows, token_index)``
   (rows grouped by expert, tokens in order within one) and ``unpermute_fn(y, token_index, weight,
-  num_tokens) -> out`` (out[t] = sum of t's rows times their weights), compared with a loop over
-  experts and tokens written here, on one process.
+  num_tokens) -> out`` (out[t] = sum of t's rows times their weights), on one process; the judge
+  compares with a loop over experts and tokens.
 * ``dispatch(dispatch_fn)``: ``dispatch_fn(rows, counts, num_experts) -> (received, received_counts)``
   on ep gloo ranks with ``torch.distributed.all_to_all_single``: every rank's rows and counts are
-  drawn from a seed, so each rank computes what it must receive from all of them, with no
-  communication (the independent reference).
-* ``combine(combine_fn)``: the whole MoE layer of ``labkit.moe`` with the student's combine in
-  place of its inverse permutation, against the dense mixture sum_e p_e expert_e(x) computed
-  here (every expert on every token, masked).
+  drawn from a seed, so the judge computes what each rank must receive with no communication.
+  Split sizes that do not match across ranks fail with a message naming them (the counting
+  process group checks them before gloo would abort the process).
 
-labkit's own permutation, combine and all-to-all raise while the student's code runs
-(:func:`labkit.check.forbidden`); hints escalate with each failure (:func:`labkit.check.hint`).
+labkit's own permutation, combine and all-to-all raise while the student's code runs.
 """
 from __future__ import annotations
 
-from . import Forbidden, describe_mismatch, forbidden, hint, report, run_student
-
-OWN_PERMUTE = ("labkit.moe:permute", "labkit.moe:unpermute", "labkit.moe:row_weights",
-               "labkit.moe:LocalDispatcher.forward")
-EPC = "labkit.expert_parallel.ep_comm"
-OWN_A2A = (f"{EPC}:all_to_all_autograd", f"{EPC}:_AllToAll.forward",
-           "labkit.comm:all_to_all", "labkit.expert_parallel.dispatch:AllToAllDispatcher.forward",
-           "labkit.expert_parallel.dispatch:AllToAllDispatcher.split_sizes")
-
-
-def _routing(num_tokens: int, num_experts: int, k: int, seed: int):
-    import torch
-    gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(num_tokens, num_experts, generator=gen, dtype=torch.float64)
-    top = logits.topk(k, dim=1)
-    routing_map = torch.zeros_like(logits, dtype=torch.bool).scatter(1, top.indices, True)
-    probs = torch.zeros_like(logits).scatter(1, top.indices, torch.softmax(top.values, -1))
-    return probs, routing_map
-
+from . import describe_mismatch, ep_round_trip, report
+from .ep_common import OWN_A2A, OWN_PERMUTE, routing
+from .spec import Spec, call, failed, ranks, run
 
 def _reference_permutation(x, routing_map):
     rows, tokens = [], []
@@ -48,144 +29,142 @@ def _reference_permutation(x, routing_map):
     return rows, tokens
 
 
-def permutation(permute_fn, unpermute_fn, num_tokens: int = 12, num_experts: int = 4, k: int = 2):
+def _perm_inputs(num_tokens, num_experts, k, seed):
+    import torch
+    x = torch.randn(num_tokens, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 3))
+    probs, routing_map = routing(num_tokens, num_experts, k, seed + 4)
+    return x, probs, routing_map
+
+
+def _produce_perm(student, num_tokens=12, num_experts=4, k=2, seed=0):
+    import torch
+    objs = student.load()
+    x, probs, routing_map = _perm_inputs(num_tokens, num_experts, k, seed)
+    with student.banning(OWN_PERMUTE, "the permutation is the exercise"):
+        got, failure = call(objs["permute"], x, routing_map)
+        if failure:
+            return failure
+        try:
+            rows, tokens = got
+            tokens = torch.as_tensor(tokens)
+            weight = probs[tokens, torch.repeat_interleave(torch.arange(num_experts), routing_map.sum(0))]
+        except Exception as e:  # noqa: BLE001 - the student's output has the wrong shape
+            return {"failed": "raised", "detail": f"permute returned {type(got).__name__}: {type(e).__name__}: {e}"}
+        out, failure = call(objs["unpermute"], rows, tokens, weight, num_tokens)
+        if failure:
+            return failure
+    return {"rows": rows, "tokens": tokens, "out": out}
+
+
+def _judge_perm(data, num_tokens=12, num_experts=4, k=2, seed=0):
     import torch
     name = "permutation"
-    x = torch.randn(num_tokens, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    probs, routing_map = _routing(num_tokens, num_experts, k, 4)
+    bad = failed(name, data, "run your functions on a small routing map and read the traceback")
+    if bad is not None:
+        return bad
+    x, probs, routing_map = _perm_inputs(num_tokens, num_experts, k, seed)
     rows, tokens = _reference_permutation(x, routing_map)
-    try:
-        with forbidden(*OWN_PERMUTE, why="the permutation is the exercise"):
-            got_rows, got_tokens = permute_fn(x, routing_map)
-            weight = probs[torch.as_tensor(got_tokens), torch.repeat_interleave(
-                torch.arange(num_experts), routing_map.sum(0))]
-            out = unpermute_fn(got_rows, got_tokens, weight, num_tokens)
-    except Forbidden as e:
-        return report(name, False, f"your code called labkit's own implementation: {e}",
-                      "write it with torch: nonzero / argsort for the order, index_add for the sum")
-    except NotImplementedError:
-        return report(name, False, "not written yet", "replace the raise by your code")
-    except Exception as e:  # noqa: BLE001 - the student's error, shown as a failed check
-        return report(name, False, f"your code raised {type(e).__name__}: {e}",
-                      hint(name, permute_fn, "run your functions on a small routing map and read the traceback", "raised"))
-    if list(torch.as_tensor(got_tokens).tolist()) != tokens:
-        same_set = sorted(torch.as_tensor(got_tokens).tolist()) == sorted(tokens)
+    got_tokens = torch.as_tensor(data["tokens"]).tolist()
+    if got_tokens != tokens:
+        same = sorted(got_tokens) == sorted(tokens)
         return report(name, False, "token_index is not grouped by expert with tokens in order"
-                      + (" (the right tokens, in another order)" if same_set else ""),
-                      hint(name, permute_fn, ["rows must be grouped by expert (all of expert 0's "
-                                              "tokens, then expert 1's, ...)",
-                                              "routing_map.T.nonzero() lists (expert, token) pairs "
-                                              "expert by expert"], "order"))
-    problem = describe_mismatch(got_rows, torch.stack(rows), 0, 0, "rows: ")
+                      + (" (the right tokens, in another order)" if same else ""),
+                      "rows must be grouped by expert: all of expert 0's tokens, then expert 1's, ...")
+    problem = describe_mismatch(data["rows"], torch.stack(rows), 0, 0, "rows: ")
     if problem:
-        return report(name, False, problem, hint(name, permute_fn, "rows = x[token_index]", "rows"))
+        return report(name, False, problem, "row i must be x[token_index[i]]")
     want = (probs[..., None] * routing_map[..., None] * x[:, None, :]).sum(1)   # sum_e p_e x_t
-    problem = describe_mismatch(out, want, 1e-12, 1e-12, "inverse: ")
+    problem = describe_mismatch(data["out"], want, 1e-12, 1e-12, "inverse: ")
     if problem:
-        return report(name, False, problem, hint(name, unpermute_fn, [
-            "the inverse must put each row back at its token and add a token's k rows",
-            "start from zeros [num_tokens, h] and index_add(0, token_index, y * weight[:, None])"], "inverse"))
-    return report(name, True, f"{len(tokens)} rows grouped by expert; the inverse returns every token's "
-                  f"weighted sum of its {k} rows (float64, exact order)")
+        return report(name, False, problem, "the inverse must put each row back at its token and add a token's "
+                      "k rows, each times its weight")
+    return report(name, True, f"{len(tokens)} rows grouped by expert; the inverse returns every token's weighted "
+                  f"sum of its {k} rows (float64, exact order)")
 
 
-def _rank_rows(rank: int, num_experts: int, h: int):
+# -- the dispatch ----------------------------------------------------------------------------------
+def rank_rows(rank: int, num_experts: int, h: int, seed: int = 0):
     """Rank ``rank``'s sorted rows and their counts per expert (deterministic: the reference)."""
     import torch
-    gen = torch.Generator().manual_seed(100 + rank)
+    gen = torch.Generator().manual_seed(100 + rank + 1000 * seed)
     counts = torch.randint(0, 4, (num_experts,), generator=gen)
-    rows = torch.randn(int(counts.sum()), h, generator=gen, dtype=torch.float64)
-    return rows, counts
+    return torch.randn(int(counts.sum()), h, generator=gen, dtype=torch.float64), counts
 
 
-def _dispatch_worker(dispatch_fn, num_experts: int, h: int):
+def _dispatch_worker(student, num_experts: int, h: int, seed: int):
     import torch
     import torch.distributed as dist
-    n, me = dist.get_world_size(), dist.get_rank()
-    rows, counts = _rank_rows(me, num_experts, h)
-    with forbidden(*OWN_A2A, why="the dispatch is the exercise"):
-        got, got_counts = dispatch_fn(rows, counts, num_experts)
-    n_local = num_experts // n
-    mine = slice(me * n_local, (me + 1) * n_local)
-    want, want_counts = [], []
-    for src in range(n):                                # what src sends me: its rows of my experts
-        r, c = _rank_rows(src, num_experts, h)
-        start = int(c[:mine.start].sum())
-        want.append(r[start:start + int(c[mine].sum())])
-        want_counts.append(c[mine])
-    return {"got": (torch.as_tensor(got), torch.cat(want)),
-            "counts": (torch.as_tensor(got_counts).reshape(n, n_local), torch.stack(want_counts))}
+
+    from . import instrument
+    instrument.install()
+    fn = student.load()["dispatch"]
+    rows, counts = rank_rows(dist.get_rank(), num_experts, h, seed)
+    with student.banning(OWN_A2A, "the dispatch is the exercise"):
+        got, got_counts = fn(rows, counts, num_experts)
+    return {"got": torch.as_tensor(got), "counts": torch.as_tensor(got_counts)}
 
 
-def dispatch(dispatch_fn, world_size: int = 4, num_experts: int = 8, h: int = 4):
-    name = f"dispatch ({world_size} ranks)"
-    results, failed = run_student(name, _dispatch_worker, world_size, dispatch_fn, num_experts, h,
-                                  student_fn=dispatch_fn)
-    if failed is not None:
-        return failed
-    hints = {"counts": ["received_counts[j] must be what rank j sends to each of your experts",
-                        "exchange the counts first: all_to_all_single of the [E] counts, E/ep per rank"],
-             "got": ["the rows you received differ: check the split sizes of all_to_all_single",
-                     "input_split_sizes[j] = rows for rank j's experts = counts.view(ep, E/ep).sum(1); "
-                     "output_split_sizes[j] = the rows rank j sends you = its counts for your experts"]}
-    for r, out in enumerate(results):
-        for what in ("counts", "got"):
-            problem = describe_mismatch(*out[what], 0, 0, f"rank {r}, {what}: ")
-            if problem:
-                return report(name, False, problem, hint("dispatch", dispatch_fn, hints[what], what))
-    return report(name, True, f"every rank received exactly the rows of its {num_experts // world_size} "
-                  f"experts from all {world_size} ranks, in [source rank][expert] order")
+def _produce_dispatch(student, world_size=4, num_experts=8, h=4, seed=0):
+    results, failure = ranks(_dispatch_worker, world_size, student, num_experts, h, seed)
+    return failure or results
 
 
-def combine(combine_fn, topk: int = 2):
-    """The MoE layer with ``combine_fn(y, token_index, weight, num_tokens)`` as its combine."""
+def _judge_dispatch(data, world_size=4, num_experts=8, h=4, seed=0):
     import torch
-    import torch.nn.functional as F
+    name = f"dispatch ({world_size} ranks)"
+    bad = failed(name, data, "print your split sizes on each rank (labkit.launch(..., live_output=True))")
+    if bad is not None:
+        return bad
+    n_local = num_experts // world_size
+    for me, out in enumerate(data):
+        mine = slice(me * n_local, (me + 1) * n_local)
+        want, want_counts = [], []
+        for src in range(world_size):                    # what src sends me: its rows of my experts
+            r, c = rank_rows(src, num_experts, h, seed)
+            start = int(c[:mine.start].sum())
+            want.append(r[start:start + int(c[mine].sum())])
+            want_counts.append(c[mine])
+        got_counts = torch.as_tensor(out["counts"])
+        problem = (describe_mismatch(got_counts.reshape(-1), torch.stack(want_counts).reshape(-1), 0, 0,
+                                     f"rank {me}, counts: ") if got_counts.numel() == world_size * n_local else
+                   f"rank {me}, counts: {got_counts.numel()} numbers, expected ep x E/ep = {world_size * n_local}")
+        if problem:
+            return report(name, False, problem, "received_counts[j] must be what rank j sends to each of your experts")
+        problem = describe_mismatch(out["got"], torch.cat(want), 0, 0, f"rank {me}, rows: ")
+        if problem:
+            return report(name, False, problem, "the rows you received differ: check the split sizes of "
+                          "all_to_all_single (rows per peer, in rank order)")
+    return report(name, True, f"every rank received exactly the rows of its {n_local} experts from all "
+                  f"{world_size} ranks, in [source rank][expert] order")
 
-    import labkit.moe as moe
-    from labkit.config import GPTConfig
-    name = "combine"
-    cfg = GPTConfig(num_layers=1, hidden_size=8, num_attention_heads=2, num_experts=4,
-                    moe_router_topk=topk, moe_ffn_hidden_size=12)
-    layer = moe.MoELayer(cfg).double()
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():                       # every weight and bias drawn (none left empty)
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.5)
-    x = torch.randn(2, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
 
-    class StudentCombine(torch.nn.Module):      # the layer's dispatcher, with the student's combine
-        def forward(self, x, probs, routing_map, experts, capacity=None):
-            token, counts = moe.permute(routing_map)
-            weight = moe.row_weights(probs, routing_map, token, None)
-            return combine_fn(experts(x[token], counts), token, weight, x.shape[0])
+PERMUTATION = Spec("permutation", {"permute": "my_permute", "unpermute": "my_unpermute"}, _produce_perm,
+                   _judge_perm, cases=({},), forbid=OWN_PERMUTE, why="the permutation is the exercise", hints=(
+                       "list the (expert, token) pairs expert by expert: which tensor op does that?",
+                       "routing_map.T.nonzero() lists (expert, token) pairs expert by expert; rows = x[token_index]",
+                       "the inverse: zeros [num_tokens, h], then index_add(0, token_index, rows * weight[:, None])"))
+DISPATCH = Spec("dispatch", {"dispatch": "my_dispatch"}, _produce_dispatch, _judge_dispatch,
+                cases=({"world_size": 4},), forbid=OWN_A2A, ranks=True, why="the dispatch is the exercise", hints=(
+                    "a rank cannot receive what it cannot size: exchange the counts first",
+                    "all_to_all_single of the [E] counts: rank j gets every rank's counts of j's E/ep experts",
+                    "input_split_sizes = counts.view(ep, E/ep).sum(1); output_split_sizes = "
+                    "received_counts.view(ep, E/ep).sum(1); then one all_to_all_single of the rows"))
 
-    layer.token_dispatcher = StudentCombine()
-    try:
-        with forbidden("labkit.moe:unpermute", why="the combine is the exercise"):
-            got = layer(x)
-    except Forbidden as e:
-        return report(name, False, f"your code called labkit's own implementation: {e}",
-                      "write the sum with index_add")
-    except NotImplementedError:
-        return report(name, False, "not written yet", "replace the raise by your code")
-    except Exception as e:  # noqa: BLE001 - the student's error, shown as a failed check
-        return report(name, False, f"your combine raised {type(e).__name__}: {e}",
-                      hint(name, combine_fn, ["the rows are not a permutation of the tokens: there are k "
-                                              "rows per token, and row i belongs to token_index[i]",
-                                              "out.index_add(0, token_index, y * weight[:, None])"], "raised"))
-    flat = x.reshape(-1, 8)
-    probs, routing_map = layer.router(flat, (2, 6))
-    experts = [layer.experts.local_experts[str(e)] for e in range(4)]
-    outs = torch.stack([ex.linear_fc2(F.gelu(ex.linear_fc1(flat))) for ex in experts], 1)  # [T, E, h]
-    want = (probs[..., None] * outs).sum(1).view_as(x)
-    unweighted = (routing_map[..., None] * outs).sum(1).view_as(x)
-    problem = describe_mismatch(got, want, 1e-12, 1e-12, "layer output: ")
-    if problem:
-        weights_missing = describe_mismatch(got, unweighted, 1e-12, 1e-12) is None
-        return report(name, False, problem + ("; it equals the UNWEIGHTED sum of the experts" if weights_missing else ""),
-                      hint(name, combine_fn, ["each expert's output must be scaled by the router's weight "
-                                              "for that token before it is added" if weights_missing else
-                                              "each row must go back to the token it came from",
-                                              "out.index_add(0, token_index, y * weight[:, None])"]))
-    return report(name, True, "the MoE layer with your combine equals sum_e p_e expert_e(x) (float64)")
+
+SPECS = {s.id: s for s in (PERMUTATION, DISPATCH, ep_round_trip.ROUND_TRIP)}
+round_trip = ep_round_trip.round_trip
+
+
+def hint(exercise_id: str) -> str:
+    """Print the next hint of ``exercise_id`` ("permutation", "dispatch", "round-trip")."""
+    from .hints import asker
+    return asker(SPECS)(exercise_id)
+
+
+def permutation(permute_fn, unpermute_fn, num_tokens: int = 12, num_experts: int = 4, k: int = 2, seed: int = 0):
+    return run(PERMUTATION, {"permute": permute_fn, "unpermute": unpermute_fn}, num_tokens=num_tokens,
+               num_experts=num_experts, k=k, seed=seed)
+
+
+def dispatch(dispatch_fn, world_size: int = 4, num_experts: int = 8, h: int = 4, seed: int = 0):
+    return run(DISPATCH, {"dispatch": dispatch_fn}, world_size=world_size, num_experts=num_experts, h=h, seed=seed)

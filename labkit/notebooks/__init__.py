@@ -3,7 +3,8 @@
     python -m labkit.notebooks refresh [NOTEBOOK ...]            execute in place, store outputs
     python -m labkit.notebooks student-copy MASTER OUT [--refresh]  drop solutions, keep cell ids
     python -m labkit.notebooks validate NOTEBOOK... [--master M]  check masters / student copies
-    python -m labkit.notebooks grade SUBMISSION... --master M [--json] [--out grades] [--timeout 300]
+    python -m labkit.notebooks grade SUBMISSION... --master M [--out grades] [--timeout 60] [--sandbox bwrap]
+    python -m labkit.notebooks run-autograder --master M      Gradescope: /autograder/results/results.json
 
 ``refresh`` is the only way stored outputs are made; ``pytest --nbval`` re-executes each notebook
 and compares, which proves the stored outputs (and so the rendered book) are current. With no
@@ -13,8 +14,13 @@ Solutions are kept apart: ``solutions/X.ipynb`` is the instructor's master (stub
 check cell per exercise, metadata in ``schema.py``), stored with outputs so CI proves every
 solution passes its checks; ``labs/X.ipynb`` is its student copy (``student.py``), refreshed, so
 its stored check outputs show the FAIL a student first meets. ``grader.py`` grades submissions
-against the master, ``gradebook.py`` writes the class's JSON and CSV, ``validation.py`` checks
-masters and copies. Modules: run, schema, student, validation, kernel, grader, gradebook, cli.
+against the master, one exercise at a time in a fresh sandboxed process (``answers.py`` picks
+the answer cells, ``sandbox.py`` runs them, ``labkit.check`` judges), ``gradebook.py`` writes the
+class's JSON, CSV and Canvas CSV after each submission, ``gradescope.py`` the results.json of
+Gradescope's autograder, ``integrity.py`` checks that labkit and the master did not change, and
+``validation.py`` checks masters and copies. book/instructors.md is the guide, with the threat
+model. Modules: run, schema, student, validation, answers, sandbox, grader, integrity, gradebook,
+gradescope, cli.
 """
 from .gradebook import grade
 from .run import ROOT, all_notebooks, execute, refresh

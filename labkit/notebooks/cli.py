@@ -1,9 +1,23 @@
-"""``python -m labkit.notebooks refresh|student-copy|validate|grade``; see the package docstring."""
+"""``python -m labkit.notebooks refresh|student-copy|validate|grade|run-autograder``; see the package docstring."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+
+def _sandbox_args(p) -> None:
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds for each answer cell and each check case (default 60)")
+    p.add_argument("--sandbox", choices=["bwrap", "docker", "none"], default="bwrap",
+                   help="where submissions run (default bwrap: Debian's bubblewrap)")
+    p.add_argument("--image", default="", help="the container image for --sandbox docker")
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="allow --sandbox none: submissions then run as you, and can read and write your files")
+    p.add_argument("--memory-gib", type=float, default=6.0, help="address-space limit per process (default 6)")
+    p.add_argument("--cpu-seconds", type=int, default=900, help="CPU-time limit per process (default 900)")
+    p.add_argument("--hidden", help="hidden-test file (default: hidden/<master>.json beside the master)")
+    p.add_argument("--keep", action="store_true", help="keep each submission's folder (to debug grading)")
 
 
 def main(argv=None) -> int:
@@ -22,9 +36,22 @@ def main(argv=None) -> int:
     g = sub.add_parser("grade", help="grade submissions against a master")
     g.add_argument("submissions", nargs="+")
     g.add_argument("--master", required=True, help="the instructor's notebook (solutions/X.ipynb)")
-    g.add_argument("--out", default="grades", help="folder for <master>.json and <master>.csv")
-    g.add_argument("--timeout", type=float, default=300.0, help="seconds per cell (default 300)")
+    g.add_argument("--out", default="grades", help="folder for the gradebook (<assignment>.json/.csv/-canvas.csv)")
     g.add_argument("--json", action="store_true", help="print one JSON object per submission")
+    g.add_argument("--assignment", help="the assignment's name in the gradebook (default: the master's name)")
+    g.add_argument("--id-pattern", help="regular expression with a group 'id' that finds the student id in "
+                   "a submission's path (default: the file name without .ipynb)")
+    g.add_argument("--roster", help="CSV with a column 'id' (and name, file, canvas_id, sis_user_id, "
+                   "sis_login_id, section)")
+    g.add_argument("--canvas-assignment-id", help="Canvas's id of the assignment, for the import column")
+    g.add_argument("--resume", action="store_true", help="skip submissions already in the gradebook")
+    g.add_argument("--workdir", help="where the per-submission folders are made (default: the system's)")
+    _sandbox_args(g)
+    a = sub.add_parser("run-autograder", aliases=["run_autograder"], help="grade one Gradescope submission")
+    a.add_argument("--master", required=True)
+    a.add_argument("--submission-dir", default="/autograder/submission")
+    a.add_argument("--results", default="/autograder/results/results.json")
+    _sandbox_args(a)
     args = ap.parse_args(argv)
     if args.cmd == "refresh":
         from .run import all_notebooks, refresh
@@ -37,8 +64,10 @@ def main(argv=None) -> int:
             refresh([args.dst])
     elif args.cmd == "validate":
         return _validate(args)
-    else:
+    elif args.cmd == "grade":
         return _grade(args)
+    else:
+        return _autograde(args)
     return 0
 
 
@@ -61,19 +90,62 @@ def _validate(args) -> int:
     return 1 if bad else 0
 
 
+def options(args):
+    """Grader options from the flags, or (None, why not) when the sandbox asked for cannot run."""
+    from .grader import Options
+    from .sandbox import Limits, Sandbox, become_subreaper
+    if args.timeout <= 0:
+        return None, "--timeout must be > 0 seconds"
+    if args.sandbox == "none" and not args.unsafe_no_sandbox:
+        return None, ("--sandbox none runs every submission as you, with your files in reach: add "
+                      "--unsafe-no-sandbox to do it anyway (book/instructors.md, 'Threat model')")
+    try:
+        box = Sandbox(args.sandbox, image=args.image, limits=Limits(
+            cpu_seconds=args.cpu_seconds, memory_bytes=int(args.memory_gib * 2**30)))
+    except ValueError as e:
+        return None, str(e)
+    why = box.available()
+    if why:
+        return None, (f"sandbox {args.sandbox!r} is not available: {why}. Install bubblewrap (Debian: "
+                      "apt-get install bubblewrap), or use --sandbox docker --image IMAGE; grading without a "
+                      "sandbox needs --sandbox none --unsafe-no-sandbox")
+    if box.kind == "none":
+        become_subreaper()
+    return Options(sandbox=box, timeout=args.timeout, keep=args.keep,
+                   workdir=getattr(args, "workdir", None)), ""
+
+
 def _grade(args) -> int:
     from .gradebook import MasterError, grade, human
-    if args.timeout <= 0:
-        print("error: --timeout must be > 0 seconds", file=sys.stderr)
+    from .integrity import IntegrityError
+    opts, why = options(args)
+    if opts is None:
+        print(f"error: {why}", file=sys.stderr)
         return 2
 
     def show(result):
         print(json.dumps(result) if args.json else human(result), flush=True)
     try:
-        results = grade(args.submissions, args.master, args.out, args.timeout, on_result=show)
-    except MasterError as e:
+        results = grade(args.submissions, args.master, args.out, opts, on_result=show,
+                        assignment=args.assignment, id_pattern=args.id_pattern, roster=args.roster,
+                        canvas_id=args.canvas_assignment_id, hidden_path=args.hidden, resume=args.resume)
+    except (MasterError, ValueError, IntegrityError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not args.json:
-        print(f"wrote {args.out}/: a JSON file and a CSV gradebook", file=sys.stderr)
+        print(f"wrote {args.out}/: the gradebook (JSON, CSV, Canvas CSV)", file=sys.stderr)
     return 0 if all(r["points"] == r["max_points"] for r in results) else 1
+
+
+def _autograde(args) -> int:
+    from .gradescope import results_json, run_autograder
+    opts, why = options(args)
+    if opts is None:
+        from pathlib import Path
+        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.results).write_text(json.dumps(results_json(None, 0, f"grader not run: {why}")))
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    out = run_autograder(args.master, args.submission_dir, args.results, opts, args.hidden)
+    print(out["output"])
+    return 0

@@ -1,139 +1,189 @@
-"""Grade student notebooks against their master (``python -m labkit.notebooks grade``).
+"""Grade one submission against its master (``python -m labkit.notebooks grade``).
 
-1. **Restore.** The submission's cells are matched with the master's by cell id. Every locked
-   cell (a master code cell that is neither a stub nor a solution: set-up, demos, checks) runs as
-   the master has it: an edited check runs as the master's, a deleted one is put back after the
-   nearest master cell the submission still has. The student's answer cells and any cells they
-   added run as written.
-2. **Run** every code cell in one kernel, ``timeout`` seconds each (``kernel.py``: timeouts and
-   crashes are survived, so the next exercises are still graded).
-3. **Read** each exercise's result from the output of its restored check cell only: "pass" when
-   the cell printed at least as many ``[check]`` lines as the master's stored output, none of
-   them FAIL, and raised nothing; "fail" with the check's own message and hint; "error" when the
-   check raised or the kernel died in it; "timeout"; "missing" when the check never ran or
-   reported too few results. A timeout or crash in the exercise's own cells (those since the
-   previous check) is reported for that exercise, with the cell named.
+For each exercise of the master, in a fresh folder holding only a copy of the submission:
 
-What this does not stop: the student's code runs in the same Python process as the checks, so an
-answer cell that deliberately patches ``labkit.check`` could fool it; such a cell is plain to see.
+1. **Extract** the answer cells up to the exercise's check (``answers.jobs``): the student's code,
+   nothing else of the notebook. Locked cells (demos, checks) are never run.
+2. **Run** them in a sandbox (``sandbox.run_job``: bubblewrap by default), in a fresh process
+   (``labkit.check.runner``) that bans labkit's implementation of the exercise and installs the
+   counting process group *before* the source runs, then runs each case's ``produce``: the
+   visible cases of the check cell and the hidden ones (other shapes, world sizes, seeds), read by
+   the grader from a file the sandbox does not mount. Each answer cell and each case has
+   ``timeout`` seconds; a timeout, a crash or a kill costs only this exercise.
+3. **Judge** here, in the grader's process, where no submission code runs: each case's data
+   (JSON, never a pickle) against the exercise's independent reference (``Spec.judge``).
+
+Points are partial: ``max_points`` x the share of the exercise's cases that pass (status "pass"
+when all do, "partial" when some do). A lab check that is not a ``labkit.check`` Spec is graded the
+older way inside the sandbox (its check cell runs after the answers, in the same process) and
+reported with ``"checked": "in-process"``: a submission can tamper with that one.
 """
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+import contextlib
+import io
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .kernel import run_cells
-from .schema import Exercise, check_lines, exercises, is_locked, meta, stdout
+from .answers import flags, jobs
+from .sandbox import Sandbox, run_job
+from .schema import Exercise, exercises
 
-STATUSES = ("pass", "fail", "error", "timeout", "missing")
+STATUSES = ("pass", "partial", "fail", "error", "timeout", "missing")
+MAX_NOTEBOOK = 32 * 2**20
 
 
 @dataclass
-class Slot:
-    cell: dict
-    origin: str          # "locked" (the master's cell), "answer" (the student's cell with a
-                         # master id), "student" (a cell the student added)
-    where: str           # "your cell 5" or "the lab's cell 12", for messages
+class Options:
+    sandbox: Sandbox = field(default_factory=Sandbox)
+    timeout: float = 60.0                 # seconds per answer cell and per check case
+    hidden: dict = field(default_factory=dict)     # exercise id -> [case dicts]
+    workdir: str | None = None            # where the per-submission folders are made
+    keep: bool = False                    # keep them (to debug a grading problem)
 
 
-def merge(master, sub) -> list[Slot]:
-    """The cells to run: the submission's, with the master's locked cells restored by id."""
-    mindex = {c.get("id"): i for i, c in enumerate(master.cells)}
-    locked = {c.get("id") for c in master.cells if is_locked(c)}
-    slots, seen = [], set()
-    for j, c in enumerate(sub.cells):
-        cid = c.get("id")
-        if cid in locked:
-            if cid not in seen:      # a second cell claiming a locked id is dropped
-                m = master.cells[mindex[cid]]
-                slots.append(Slot(copy.deepcopy(m), "locked", f"the lab's cell {mindex[cid] + 1}"))
-        else:
-            origin = "answer" if cid in mindex and cid not in seen else "student"
-            slots.append(Slot(copy.deepcopy(c), origin, f"your cell {j + 1}"))
-        seen.add(cid)
-    for i, m in enumerate(master.cells):   # put back the locked cells the submission lacks
-        if m.get("id") in locked and m.get("id") not in seen:
-            ids = [s.cell.get("id") for s in slots]
-            before = [ids.index(p.get("id")) for p in master.cells[:i] if p.get("id") in ids]
-            slots.insert(max(before) + 1 if before else 0,
-                         Slot(copy.deepcopy(m), "locked", f"the lab's cell {i + 1}"))
-            seen.add(m.get("id"))
-    for s in slots:
-        if s.cell.get("cell_type") == "code":
-            s.cell["outputs"], s.cell["execution_count"] = [], None
-    return slots
-
-
-def _result(ex: Exercise, slots, outcomes, aborted, region, timeout: float) -> dict:
-    at = next(i for i, s in enumerate(slots) if s.origin == "locked" and s.cell.get("id") == ex.check_id)
-    out, lines = outcomes[at], check_lines(stdout(slots[at].cell))
-    fails = [x for x in lines if not x.passed]
-    if out is None:
-        status, msg = "missing", f"the check did not run: {aborted or 'grading stopped before it'}"
-    elif out.state == "timeout":
-        status, msg = "timeout", f"the check did not finish within {timeout:g} s"
-    elif out.state == "dead":
-        status, msg = "error", ("the kernel died while the check ran your code "
-                                "(os._exit, a crash, out of memory)")
-    elif fails:
-        status, msg = "fail", fails[0].text + (f"\nhint: {fails[0].hint}" if fails[0].hint else "")
-    elif out.state == "error":
-        status, msg = "error", f"the check raised {out.error}"
-    elif len(lines) >= ex.expected:
-        status, msg = "pass", "; ".join(x.text for x in lines)
-    else:
-        status, msg = "missing", f"the check reported {len(lines)} of {ex.expected} results"
-    notes = []
-    for k in region:
-        o, where = outcomes[k], slots[k].where
-        if o is not None and o.state == "timeout":
-            notes.append(f"{where} did not finish within {timeout:g} s")
-        elif o is not None and o.state == "dead":
-            notes.append(f"the kernel died while running {where}")
-        elif o is not None and o.state == "error" and slots[k].origin != "locked":
-            notes.append(f"{where} raised {o.error}")
-    if status != "pass" and notes:
-        if status in ("fail", "error", "missing") and any("did not finish" in n for n in notes):
-            status = "timeout"
-        elif status in ("fail", "missing") and any("kernel died" in n for n in notes):
-            status = "error"
-        msg = "; ".join(notes) + "; then " + msg
-    points = ex.max_points if status == "pass" else 0
-    return {"id": ex.id, "status": status, "points": points, "max_points": ex.max_points, "message": msg}
-
-
-def _summary(path, results) -> dict:
-    return {"submission": str(path), "points": sum(r["points"] for r in results),
-            "max_points": sum(r["max_points"] for r in results), "exercises": results}
-
-
-def grade_one(master, master_path: Path, path, timeout: float = 300.0) -> dict:
-    """Grade one submission; returns the JSON object of the issue's shape."""
-    import nbformat
-    exs = exercises(master)
+def _case_result(spec, case: dict, hidden: bool, event) -> dict:
+    from labkit.check import wire
+    name = "hidden case" if hidden else "case"
+    if event is None:
+        return {"name": name, "hidden": hidden, "passed": False, "message": "did not run"}
     try:
-        sub = nbformat.read(str(path), as_version=4)
-    except Exception as e:  # noqa: BLE001 - an unreadable file is reported, not raised
-        return _summary(path, [_missing(ex, f"could not read the notebook: {e}") for ex in exs])
-    if not {c.get("id") for c in sub.cells} & {c.get("id") for c in master.cells}:
-        return _summary(path, [_missing(ex, "no cell id of the master found: is this a copy of "
-                                        f"{master_path.name}, saved with its cell ids?") for ex in exs])
-    slots = merge(master, sub)
-    run_nb = copy.deepcopy(master)
-    run_nb.cells = [s.cell for s in slots]
-    outcomes, aborted = run_cells(run_nb, run_nb.cells, str(master_path.parent), timeout,
-                                  is_check=lambda c: meta(c).get("role") == "check")
-    checks = {ex.check_id for ex in exs}
-    results, start = [], 0
-    for i, s in enumerate(slots):   # each exercise owns the cells since the previous check
-        if s.origin == "locked" and s.cell.get("id") in checks:
-            ex = next(e for e in exs if e.check_id == s.cell.get("id"))
-            results.append(_result(ex, slots, outcomes, aborted, range(start, i), timeout))
-            start = i + 1
-    order = {ex.id: n for n, ex in enumerate(exs)}
-    return _summary(path, sorted(results, key=lambda r: order[r["id"]]))
+        with contextlib.redirect_stdout(io.StringIO()):
+            r = spec.judge(wire.decode(event["data"]), **case)
+        return {"name": r.name if not hidden else f"hidden: {r.name}", "hidden": hidden, "passed": r.passed,
+                "message": r.message + (f"\nhint: {r.hint}" if r.hint and not r.passed else "")}
+    except Exception as e:  # noqa: BLE001 - malformed data from the sandbox, or a judge bug
+        return {"name": name, "hidden": hidden, "passed": False,
+                "message": f"the check could not read what your code produced ({type(e).__name__}: "
+                           f"{str(e)[:200]})"}
+
+
+def _notes(outcome, timeout: float) -> list[str]:
+    cells = next((e for e in outcome.events if e.get("event") == "cells"), None)
+    notes = [f"{where} raised {err}" for where, err in (cells or {}).get("errors", [])[:3]]
+    if outcome.state == "timeout":
+        notes.append(f"{outcome.detail} did not finish within {timeout:g} s")
+    elif outcome.state == "died":
+        notes.append(f"the process running your code died ({outcome.detail}: killed, out of memory or "
+                     "CPU time, or os._exit)")
+    elif outcome.state == "protocol":
+        notes.append(f"the process running your code broke the grader's protocol ({outcome.detail})")
+    return notes
+
+
+def _score(ex: Exercise, cases: list, notes: list, outcome, checked: str) -> dict:
+    passed = sum(c["passed"] for c in cases)
+    total = max(1, len(cases))
+    if passed == len(cases) and cases:
+        status = "pass"
+    elif passed:
+        status = "partial"
+    elif outcome.state == "timeout":
+        status = "timeout"
+    elif outcome.state in ("died", "protocol") or not cases:
+        status = "error"
+    else:
+        status = "fail"
+    first = next((c for c in cases if not c["passed"]), None)
+    if status == "pass":
+        msg = "; ".join(c["message"] for c in cases if not c["hidden"]) or "all cases pass"
+    else:
+        msg = (first["message"] if first and first["message"] != "did not run" else "the check did not run")
+        msg = "; ".join(notes) + "; then " + msg if notes else msg
+    return {"id": ex.id, "status": status, "points": round(ex.max_points * passed / total, 2),
+            "max_points": ex.max_points, "message": msg[:4000], "checked": checked,
+            "cases": [{**c, "message": c["message"][:2000]} for c in cases]}
+
+
+def _legacy(ex: Exercise, outcome, timeout: float) -> dict:
+    """An in-process check: its printed [check] lines, as many as the master's stored output, all PASS."""
+    from .schema import check_lines
+    ev = next((e for e in outcome.events if e.get("event") == "legacy"), {})
+    lines = check_lines(str(ev.get("stdout", "")))[:50]
+    cases = [{"name": x.text.split(":")[0][:200], "hidden": False, "passed": x.passed,
+              "message": x.text[:2000] + (f"\nhint: {x.hint}" if x.hint and not x.passed else "")} for x in lines]
+    if len(cases) < ex.expected or ev.get("error"):
+        cases.append({"name": "the check cell", "hidden": False, "passed": False,
+                      "message": f"the check raised {ev['error']}" if ev.get("error") else
+                      f"the check reported {len(lines)} of {ex.expected} results"})
+    result = _score(ex, cases, _notes(outcome, timeout), outcome, "in-process")
+    if result["status"] == "partial":            # an in-process check is all or nothing
+        result["status"], result["points"] = "fail", 0
+    return result
+
+
+def _stuck_cell(outcome) -> str:
+    """The answer cell the process was running when it timed out or died ("" if none was)."""
+    if outcome.state not in ("timeout", "died") or not outcome.events:
+        return ""
+    last = outcome.events[-1]
+    return last.get("where", "") if last.get("event") == "cell" else ""
+
+
+def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict | None = None) -> tuple[dict, str]:
+    """Run one exercise's job in ``folder`` (a fresh copy of the submission there) and judge it.
+    ``skip``: {cell: why} answer cells that hung or crashed an earlier exercise's run, left out.
+    Returns (result, the answer cell this run got stuck in or "")."""
+    from labkit.check.registry import find
+    ex, skip = job.exercise, skip or {}
+    folder.mkdir()
+    shutil.copyfile(notebook, folder / "submission.ipynb")
+    spec = find(ex.id)
+    answers = [list(a) for a in job.answers if a[0] not in skip]
+    payload = {"exercise": ex.id, "setup": job.setup, "answers": answers}
+    skipped = [f"{where} was left out ({why})" for where, why in skip.items()
+               if any(a[0] == where for a in job.answers)]
+    if spec is None:
+        outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout)
+        return _legacy(ex, outcome, opts.timeout), _stuck_cell(outcome)
+    cases = [(dict(c), False) for c in spec.cases] + [(dict(c), True) for c in opts.hidden.get(ex.id, [])]
+    outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout)
+    data = {e["index"]: e for e in outcome.events if e.get("event") == "data" and isinstance(e.get("index"), int)}
+    judged = [_case_result(spec, case, hidden, data.get(k)) for k, (case, hidden) in enumerate(cases)]
+    return _score(ex, judged, skipped + _notes(outcome, opts.timeout), outcome, "isolated"), _stuck_cell(outcome)
+
+
+def _summary(path, results, extra=None) -> dict:
+    return {"submission": str(path), "points": round(sum(r["points"] for r in results), 2),
+            "max_points": sum(r["max_points"] for r in results), "exercises": results, **(extra or {})}
 
 
 def _missing(ex: Exercise, message: str) -> dict:
-    return {"id": ex.id, "status": "missing", "points": 0, "max_points": ex.max_points, "message": message}
+    return {"id": ex.id, "status": "missing", "points": 0, "max_points": ex.max_points, "message": message,
+            "checked": "none", "cases": []}
+
+
+def grade_one(master, master_path: Path, path, opts: Options | None = None) -> dict:
+    """Grade one submission; returns its result (the JSON object of one gradebook row)."""
+    import nbformat
+    opts = opts or Options()
+    exs, t0 = exercises(master), time.monotonic()
+    try:
+        if Path(path).stat().st_size > MAX_NOTEBOOK:
+            raise ValueError(f"larger than {MAX_NOTEBOOK // 2**20} MiB")
+        sub = nbformat.read(str(path), as_version=4)
+    except Exception as e:  # noqa: BLE001 - an unreadable file is reported, not raised
+        return _summary(path, [_missing(ex, f"could not read the notebook: {str(e)[:200]}") for ex in exs])
+    if not {c.get("id") for c in sub.cells} & {c.get("id") for c in master.cells}:
+        return _summary(path, [_missing(ex, "no cell id of the master found: is this a copy of "
+                                        f"{Path(master_path).name}, saved with its cell ids?") for ex in exs])
+    todo = jobs(master, sub)
+    tmp = Path(tempfile.mkdtemp(prefix="labkit-grade-", dir=opts.workdir))
+    try:
+        notebook = tmp / "submission.ipynb"
+        shutil.copyfile(path, notebook)
+        results, skip = [], {}
+        for job in todo:                 # a cell that hung or crashed one exercise is left out of the next
+            result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip)
+            results.append(result)
+            if stuck:
+                skip[stuck] = f"it did not finish or crashed while {job.exercise.id} was graded"
+    finally:
+        if not opts.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    answers = todo[-1].answers if todo else []
+    return _summary(path, results, {"flags": flags(answers), "sandbox": opts.sandbox.kind,
+                                    "seconds": round(time.monotonic() - t0, 1)})

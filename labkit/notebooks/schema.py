@@ -5,22 +5,26 @@ A graded exercise is three kinds of cell tied by one exercise id, in ``cell.meta
     {"exercise": "ring-all-gather", "role": "stub"}                the cell the student edits
     {"exercise": "ring-all-gather", "role": "solution"}            the answer (master only)
     {"exercise": "ring-all-gather", "role": "check", "points": 2}  calls labkit.check (locked)
+    {"role": "setup"}                                              imports the answers need (locked)
 
-``points`` (an int >= 0, default 1) sits on the check cell: an exercise earns all its points when
-every check its cell runs passes, none otherwise. A markdown cell with ``{"role": "solution"}``
+``points`` (an int >= 0, default 1) sits on the check cell; the grader gives partial credit: the
+share of the exercise's cases (visible and hidden) that pass. ``setup`` cells are what the grader
+runs before a submission's answer cells in each exercise's fresh process (the lab's imports, not
+its demos). A markdown cell with ``{"role": "solution"}``
 (no exercise needed) is an answer key for an open question. The tag ``solution`` (version 1 of
 the labs) also marks a solution cell. Every other code cell of a master is *locked*: the grader
 runs the master's version of it, whatever the submission holds.
 
-The number of results a check cell must report is read from the master's stored output (made by
-``refresh``): as many ``[check]`` lines as the master printed, all PASS.
+The number of results a check cell must report (for a check that is not a ``labkit.check`` Spec,
+graded by running the cell itself) is read from the master's stored output (made by ``refresh``):
+as many ``[check]`` lines as the master printed, all PASS.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-ROLES = ("stub", "solution", "check")
+ROLES = ("stub", "solution", "check", "setup")
 KEYS = {"exercise", "role", "points"}
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -39,6 +43,10 @@ def role(cell) -> str | None:
 
 def is_solution(cell) -> bool:
     return role(cell) == "solution"
+
+
+def is_setup(cell) -> bool:
+    return cell.get("cell_type") == "code" and meta(cell).get("role") == "setup"
 
 
 def is_locked(cell) -> bool:
@@ -78,6 +86,7 @@ class Exercise:
     check_id: str            # cell id of the check cell in the master
     expected: int            # [check] lines the master's check cell printed
     cell_ids: frozenset      # ids of the master's stub, solution and check cells
+    check_source: str = ""   # the master's check cell
 
 
 def exercises(nb) -> list[Exercise]:
@@ -92,5 +101,5 @@ def exercises(nb) -> list[Exercise]:
         m = meta(c)
         if m.get("role") == "check" and m.get("exercise"):
             out.append(Exercise(m["exercise"], int(m.get("points", 1)), c.get("id"),
-                                len(check_lines(stdout(c))), frozenset(owned[m["exercise"]])))
+                                len(check_lines(stdout(c))), frozenset(owned[m["exercise"]]), c.source))
     return out

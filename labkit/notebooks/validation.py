@@ -51,8 +51,10 @@ def _schema_problems(nb) -> list[str]:
                                                           and c.cell_type == "code")
         if needs_ex and not ex:
             problems.append(f"cell {i}: a {m.get('role')} code cell must name its exercise")
-        if m.get("role") in ("stub", "check") and c.cell_type != "code":
+        if m.get("role") in ("stub", "check", "setup") and c.cell_type != "code":
             problems.append(f"cell {i}: a {m['role']} cell must be a code cell")
+        if m.get("role") == "setup" and ex:
+            problems.append(f"cell {i}: a setup cell belongs to no exercise")
         if "points" in m and (m.get("role") != "check" or isinstance(m["points"], bool)
                               or not isinstance(m["points"], int) or m["points"] < 0):
             problems.append(f"cell {i}: points must be an integer >= 0, on a check cell only")

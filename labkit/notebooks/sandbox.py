@@ -1,0 +1,285 @@
+"""Where a submission's code runs when grading: a sandbox per exercise, limits, and a clean kill.
+
+Three kinds (``grade --sandbox``), each running ``python -m labkit.check.runner`` in a fresh folder
+that holds only a copy of the submission, with the student's code as its only untrusted input:
+
+* ``bwrap`` (default; Debian's ``bubblewrap``): new pid, network, IPC and UTS namespaces; a root
+  made of read-only binds of the system (``/usr``, ``/lib*``, ``/bin``, ``/etc``), the Python
+  installation, labkit's ``labkit/`` and ``data/`` (nothing else of the checkout: no masters, no
+  hidden tests, no instructor's home); the folder the only writable place besides a private
+  ``/tmp``; no network but its own loopback; run as ``nobody`` when the grader is root; killed
+  with its whole pid namespace when its time is up or the grader dies (``--die-with-parent``).
+* ``docker``: the same binds in a container (``--network none --read-only --cap-drop ALL
+  --pids-limit``), from an image the instructor builds with labkit's requirements
+  (``--image``); removed by name when its time is up.
+* ``none``: a plain child process, in its own session and process group, with the limits below,
+  the grader made subreaper so that daemons it leaves are found and killed. It can read and
+  write whatever the grader's user can: the grader refuses it unless asked explicitly.
+
+Every kind runs with resource limits (:class:`Limits`: CPU time, address space, file size,
+processes, open files, no core dumps) and a wall-clock deadline per phase (:func:`run_job`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+KINDS = ("bwrap", "docker", "none")
+_LIVE: set[int] = set()                    # runners of jobs in progress (several threads may grade)
+INSIDE = "/opt/labkit"                     # where labkit/ and data/ appear in the sandbox
+# -P: the working folder (the student's) never goes on sys.path; labkit comes from PYTHONPATH, which
+# the forkserver of the check's ranks inherits too (Python 3.11's forkserver ignores the parent's sys.path)
+RUNNER = ["-P", "-s", "-m", "labkit.check.runner"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_seconds: int = 900                 # RLIMIT_CPU, per process
+    memory_bytes: int = 6 * 2**30          # RLIMIT_AS, per process (a gloo rank peaks near 1 GiB)
+    file_bytes: int = 256 * 2**20          # RLIMIT_FSIZE
+    processes: int = 256                   # RLIMIT_NPROC, for the sandbox's user (not enforced for root)
+    open_files: int = 1024                 # RLIMIT_NOFILE
+
+    def apply(self) -> None:
+        """Set them in this process (a child, before exec); inherited by everything it starts."""
+        for what, value in ((resource.RLIMIT_CPU, self.cpu_seconds), (resource.RLIMIT_AS, self.memory_bytes),
+                            (resource.RLIMIT_FSIZE, self.file_bytes), (resource.RLIMIT_NPROC, self.processes),
+                            (resource.RLIMIT_NOFILE, self.open_files), (resource.RLIMIT_CORE, 0)):
+            soft, hard = resource.getrlimit(what)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(what, (value, value))
+
+
+@dataclass
+class Sandbox:
+    kind: str = "bwrap"
+    labkit_root: Path = Path(__file__).resolve().parents[2]    # holds labkit/ and data/
+    image: str = ""                                             # docker only
+    limits: Limits = Limits()
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"sandbox must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "docker" and not self.image:
+            raise ValueError("sandbox 'docker' needs --image (an image with labkit's requirements installed)")
+        self.labkit_root = Path(self.labkit_root).resolve()
+
+    def available(self) -> str:
+        """"" when this kind can run here, else why not."""
+        if self.kind == "none":
+            return ""
+        if self.kind == "docker":
+            if not shutil.which("docker"):
+                return "no docker command"
+            ok = subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+            return "" if ok else "docker is installed but its daemon does not answer (docker info)"
+        if not shutil.which("bwrap"):
+            return "no bwrap command (Debian package bubblewrap)"
+        probe = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                                "--unshare-pid", "--unshare-net", "--die-with-parent", "true"],
+                               capture_output=True, text=True, timeout=30)
+        return "" if probe.returncode == 0 else f"bwrap cannot run here: {probe.stderr.strip()[:200]}"
+
+    def argv(self, folder: Path, name: str) -> list[str]:
+        """The command that runs the runner for one exercise in ``folder``."""
+        drop = ["--drop-to", "65534:65534"] if os.geteuid() == 0 else []
+        if self.kind == "none":
+            return [sys.executable, *RUNNER]
+        if self.kind == "docker":
+            return ["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only",
+                    "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                    "--pids-limit", str(self.limits.processes), "--memory", str(self.limits.memory_bytes),
+                    "--user", "65534:65534", "-e", "HOME=/grade", "-e", "LABKIT_BACKEND=gloo",
+                    "-e", f"PYTHONPATH={INSIDE}",
+                    "-v", f"{folder}:/grade", "-w", "/grade",
+                    "-v", f"{self.labkit_root / 'labkit'}:{INSIDE}/labkit:ro",
+                    "-v", f"{self.labkit_root / 'data'}:{INSIDE}/data:ro",
+                    self.image, "python", *RUNNER]
+        python = os.path.realpath(sys.executable)
+        args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+                "--hostname", "labkit-sandbox", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
+                "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+        for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
+            args += ["--ro-bind-try", d, d]
+        made = set()
+        prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                    os.path.dirname(os.path.dirname(python)))
+        for prefix in sorted({os.path.realpath(p) for p in prefixes}):
+            if prefix.startswith("/usr/"):
+                continue
+            args += _dirs(Path(prefix).parent, made) + ["--ro-bind", prefix, prefix]
+        args += _dirs(Path(INSIDE), made)
+        args += ["--ro-bind", str(self.labkit_root / "labkit"), f"{INSIDE}/labkit",
+                 "--ro-bind-try", str(self.labkit_root / "data"), f"{INSIDE}/data",
+                 "--bind", str(folder), "/grade", "--chdir", "/grade"]
+        for k, v in (("HOME", "/grade"), ("PATH", "/usr/bin:/bin"), ("LABKIT_BACKEND", "gloo"),
+                     ("TMPDIR", "/tmp"), ("MPLBACKEND", "Agg"), ("PYTHONDONTWRITEBYTECODE", "1"),
+                     ("PYTHONPATH", INSIDE)):
+            args += ["--setenv", k, v]
+        return args + [python, *RUNNER] + drop
+
+
+def _dirs(path: Path, made: set) -> list[str]:
+    """``--perms 0755 --dir`` for ``path`` and its parents (bwrap makes them 0700 otherwise)."""
+    out = []
+    for p in reversed([path, *path.parents]):
+        if str(p) != "/" and str(p) not in made:
+            made.add(str(p))
+            out += ["--perms", "0755", "--dir", str(p)]
+    return out
+
+
+# -- running one job ---------------------------------------------------------------------------
+class Outcome:
+    def __init__(self):
+        self.events: list[dict] = []
+        self.state = "ok"            # ok | timeout | died | protocol
+        self.detail = ""             # which phase timed out, how it died
+        self.seconds = 0.0
+
+
+def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: float = 120.0,
+            max_output: int = 256 * 2**20) -> Outcome:
+    """Run the runner on ``job`` in ``folder``; each phase (start, each answer cell, each case) has
+    ``timeout`` seconds (the start ``startup`` more, for imports). Everything it started is killed
+    when it ends."""
+    out, name = Outcome(), f"labkit-grade-{uuid.uuid4().hex[:12]}"
+    folder.chmod(0o777)                       # the sandbox's user writes here
+    before = _children()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(sandbox.argv(folder, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
+                            preexec_fn=sandbox.limits.apply, env=_env(sandbox))
+    _LIVE.add(proc.pid)
+    n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
+    expect = {"cell": 0, "case": 0}
+    try:
+        proc.stdin.write(json.dumps(job).encode())
+        proc.stdin.close()
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        buf, total, deadline, phase = b"", 0, time.monotonic() + startup + timeout, "starting and the set-up cells"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                out.state, out.detail = "timeout", phase
+                break
+            if not sel.select(min(left, 1.0)):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_output:
+                out.state, out.detail = "protocol", f"more than {max_output} bytes of output"
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    out.state, out.detail = "protocol", "a line that is not JSON"
+                    break
+                kind = ev.get("event") if isinstance(ev, dict) else None
+                if kind in ("cell", "case"):         # a new phase: only forward, only as many as sent
+                    limit = n_cells if kind == "cell" else n_cases
+                    if ev.get("index") != expect[kind] or expect[kind] >= limit:
+                        out.state, out.detail = "protocol", f"unexpected {kind} event"
+                        break
+                    expect[kind] += 1
+                    deadline = time.monotonic() + timeout
+                    phase = ev.get("where", "") if kind == "cell" else f"case {ev['index'] + 1}"
+                out.events.append(ev)
+            if out.state != "ok" or (out.events and out.events[-1].get("event") == "done"):
+                break
+    finally:
+        _kill(sandbox, proc, name)
+        _LIVE.discard(proc.pid)
+        _reap(before)
+        out.seconds = time.monotonic() - t0
+    if out.state == "ok" and not (out.events and out.events[-1].get("event") == "done"):
+        code = proc.returncode
+        out.state = "died"
+        out.detail = (f"signal {-code}" if code is not None and code < 0 else f"exit code {code}")
+    return out
+
+
+def _env(sandbox: Sandbox) -> dict:
+    if sandbox.kind != "none":
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LABKIT_LIVE", "PYTHON"))}
+    env.update(LABKIT_BACKEND="gloo", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=str(sandbox.labkit_root))
+    return env
+
+
+def _kill(sandbox: Sandbox, proc, name: str) -> None:
+    if sandbox.kind == "docker":
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)   # its session: bwrap and the namespace's init with it
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
+    for stream in (proc.stdin, proc.stdout):
+        if stream and not stream.closed:
+            stream.close()
+
+
+def _children() -> set[int]:
+    """This process's children now (by reading /proc: no process is started to find them)."""
+    me, found = os.getpid(), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(entry))
+    return found
+
+
+def _reap(before: set[int]) -> None:
+    """Kill and reap children that appeared since ``before``: daemons a submission left behind,
+    re-parented to this process (it is a subreaper: :func:`become_subreaper`)."""
+    for _ in range(3):
+        strays = _children() - before - _LIVE          # never another job's runner
+        if not strays:
+            return
+        for pid in strays:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for pid in strays:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def become_subreaper() -> bool:
+    """Make orphans of our descendants our children (Linux prctl PR_SET_CHILD_SUBREAPER)."""
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
