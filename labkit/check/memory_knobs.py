@@ -16,7 +16,8 @@ forward saved (no [b, n, s, s] tensor). labkit's own recomputation raises while 
 """
 from __future__ import annotations
 
-from . import describe_mismatch, forbidden, hint, report, run_student
+from . import describe_mismatch, forbidden, report
+from .legacy import hint, run_student
 
 TOL = 1e-12
 OWN = ("labkit.recompute:checkpoint", "labkit.recompute:CheckpointFunction.forward",
