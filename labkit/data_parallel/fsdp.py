@@ -203,6 +203,16 @@ class _UnitSharded:
             out.update({n: v.clone() for n, v in zip(u.names, u.layout.views(flat, [p.shape for p in u.params]))})
         return out
 
+    def checkpoint_views(self) -> dict:
+        """{id(unit shard): [(name, lo, hi, base)]}: shard elements [base, base + hi - lo) hold
+        elements [lo, hi) of parameter ``name`` (flattened); what labkit.checkpoint reads."""
+        out = {}
+        for u in self.units:
+            offs = u.layout.offsets
+            out[id(u.shard)] = [(n, max(a, u.lo) - a, min(b, u.hi) - a, max(a, u.lo) - u.lo)
+                                for n, a, b in zip(u.names, offs, offs[1:]) if max(a, u.lo) < min(b, u.hi)]
+        return out
+
     def _free(self, u: Unit) -> None:
         u.flat.untyped_storage().resize_(0)
         self._sample("free", u)
