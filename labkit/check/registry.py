@@ -11,7 +11,8 @@ import importlib
 
 MODULES = ("labkit.check.example", "labkit.check.collectives", "labkit.check.data_parallel",
            "labkit.check.tensor_parallel", "labkit.check.sequence_parallel", "labkit.check.pipeline",
-           "labkit.check.context_parallel", "labkit.check.expert_parallel", "labkit.check.composition")
+           "labkit.check.context_parallel", "labkit.check.expert_parallel", "labkit.check.composition",
+           "labkit.check.memory_knobs", "labkit.check.debugging")
 
 
 def all_specs(modules=MODULES) -> dict:
