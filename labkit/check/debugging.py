@@ -75,19 +75,19 @@ def _judge_bug(data):
         return bad
     if data["seed"] is None:
         return report(name, False, "SEED is not a whole number", "keep SEED = the number your instructor gave you")
-    name = f"planted_bug (seed {data['seed']})"
+    seed = f"seed {data['seed']}: "
     bug = assigned_bug(data["seed"])
     want = bug.expect
     if _norm(data["layer"]) != want["layer"]:
-        return report(name, False, f"layer {data['layer']!r} is not where this bug first shows",
+        return report(name, False, f"{seed}layer {data['layer']!r} is not where this bug first shows",
                       "the layer is on the first line the tool prints: 'first divergence: iteration I, PHASE, "
                       "microbatch M, LAYER, TENSOR'")
     if _norm(data["collective"]) != _norm(want["collective"]):
-        return report(name, False, f"collective {data['collective']!r}: the layer is right, the collective not",
+        return report(name, False, f"{seed}collective {data['collective']!r}: the layer is right, the collective not",
                       "read the line 'collective: OP on GROUP #N (...)' and answer \"OP on GROUP\"; None when "
                       "the tool names no collective")
-    return report(name, True, f"{want['layer']}, {want['collective'] or 'no collective'}: the planted bug was "
-                              f"{bug.name} ({bug.doc})")
+    return report(name, True, f"{seed}{want['layer']}, {want['collective'] or 'no collective'}: "
+                              f"the planted bug was {bug.name} ({bug.doc})")
 
 
 PLANTED_BUG = Spec("planted-bug", {"answer": "answer", "seed": "SEED"}, _produce_bug, _judge_bug, cases=({},),
@@ -237,21 +237,21 @@ def _judge_hang(data):
         return bad
     if data["seed"] is None:
         return report(name, False, "SEED is not a whole number", "keep SEED = the number your instructor gave you")
-    name = f"hang_diagnosis (seed {data['seed']})"
+    seed = f"seed {data['seed']}: "
     scenario, culprit = hang_assignment(data["seed"])
     want = {culprit: "barrier", 1 - culprit: WAITS[scenario]}
     waits = {_seed(k): _norm(v) for k, v in data["waits"].items()}
     if waits != want:
         shown = {k: v for k, v in data["waits"].items()}
-        return report(name, False, f"waits {shown!r} is not where the ranks wait",
+        return report(name, False, f"{seed}waits {shown!r} is not where the ranks wait",
                       "each line 'rank R waits in OP (...)' of the report gives one: answer the op as printed "
                       "(all_reduce, send, barrier), keyed by the rank number")
     if data["culprit"] != culprit:
-        return report(name, False, f"culprit {data['culprit']!r}: the waits are right, the rank at fault not",
+        return report(name, False, f"{seed}culprit {data['culprit']!r}: the waits are right, the rank at fault not",
                       "the rank at fault never issued what its peer waits for: it went past, and waits in the "
                       "launcher's final barrier")
-    return report(name, True, f"rank {1 - culprit} waits in {want[1 - culprit]}, which rank {culprit} never "
-                              f"issued ({scenario.replace('_', ' ')})")
+    return report(name, True, f"{seed}rank {1 - culprit} waits in {want[1 - culprit]}, which "
+                              f"rank {culprit} never issued ({scenario.replace('_', ' ')})")
 
 
 HANG = Spec("hang", {"diagnosis": "diagnosis", "seed": "SEED"}, _produce_hang, _judge_hang, cases=({},),
