@@ -1,8 +1,8 @@
 """Checks written before :class:`~labkit.check.spec.Spec` (in-process, escalating hints).
 
-The labs of the PyTorch-native, memory-knobs and debugging chapters check this way: the check
-runs in the notebook (or, when grading, in the sandbox, its printed ``[check]`` lines read by the
-grader: ``labkit.check.registry``). A failure's hint escalates with each failure of the same
+The PyTorch-native lab checks this way (``labkit.check.native``; the memory-knobs and debugging
+labs moved to Specs): the check runs in the notebook (or, when grading, in the sandbox, its printed
+``[check]`` lines read by the grader: ``labkit.check.registry.IN_PROCESS``). A failure's hint escalates with each failure of the same
 function (``hint``); ``run_student`` turns a crash of the student's code into a failed check.
 """
 from __future__ import annotations
