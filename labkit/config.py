@@ -1,8 +1,7 @@
 """Configuration: the model (GPTConfig), the training run (TrainConfig), and every rule and refusal.
 
-Field names are Megatron-LM's arguments (``--tensor-model-parallel-size`` ->
-``tensor_model_parallel_size``). Pure Python (no torch): a layout is checked before any process
-starts, and the same checks run in the browser's calculators.
+Field names are Megatron-LM's arguments (``--tensor-model-parallel-size`` -> ``tensor_model_parallel_size``).
+Pure Python (no torch): checked before any process starts; the same checks run in the browser.
 
 Two kinds of rule, one home each:
 
@@ -11,8 +10,8 @@ Two kinds of rule, one home each:
   and ``labkit.train`` all call that one function. :func:`check` builds the calculator's view of a
   TrainConfig and calls it first, so the messages are the same everywhere.
 * What labkit itself refuses (a layout Megatron runs but labkit does not implement, or a labkit-only
-  option used wrongly) is listed in :func:`check`, below, each with its reason. Lifting a refusal
-  is deleting its lines here and adding a parity test against ``labkit.reference``.
+  option used wrongly) is in :func:`check`, each with its reason. Lifting a refusal is deleting
+  its lines and adding a parity test against ``labkit.reference``.
 """
 from __future__ import annotations
 

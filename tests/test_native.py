@@ -60,8 +60,10 @@ def check_native_bytes(lay: Layout, run: dict) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    """FSDP2 with and without resharding, TP + SP + loss parallel: native and labkit, 2 ranks."""
-    lays = [small(n) for n in ("FSDP2 (reshard after forward)", "FSDP2 (no reshard)", "TP + SP + loss parallel")]
+    """FSDP2 with and without resharding, TP + SP + loss parallel (GPT-2 and Llama): native and
+    labkit, 2 ranks."""
+    lays = [small(n) for n in ("FSDP2 (reshard after forward)", "FSDP2 (no reshard)", "TP + SP + loss parallel",
+                               "Llama: TP + SP + loss parallel")]
     return lays, run_layouts(lays, steps=5)
 
 
@@ -77,7 +79,7 @@ def test_native_bytes_are_predicted_and_differ_from_labkit_only_as_explained(two
     lays, runs = two_ranks
     for lay in lays:
         check_native_bytes(lay, runs[lay.name]["native"])
-    z3, z2, tpsp = (runs[lay.name] for lay in lays)
+    z3, z2, tpsp = (runs[lay.name] for lay in lays[:3])
     # FSDP2: the same bytes as labkit's ZeRO-3 / ZeRO-2 (and labkit.calc), in more calls: one
     # all-gather and one reduce-scatter per fully_shard unit (2 layers + the root)
     for r, lay, gathers in ((z3, lays[0], 2), (z2, lays[1], 1)):
@@ -104,6 +106,31 @@ def test_native_bytes_are_predicted_and_differ_from_labkit_only_as_explained(two
     assert native["reduce_scatter"] - labkit["reduce_scatter"] == N / 2
     assert native["all_gather"] - labkit["all_gather"] == s * h * e / 2 - t * b * s * e / 2
     assert native["all_reduce"] - labkit["all_reduce"] == -N + (3 - 2) * b * s * e - 2 * h * cfg.num_layers * e
+
+
+def test_llama_family_through_the_native_plan(two_ranks):
+    """RMSNorm, SwiGLU, RoPE and GQA (8 heads, 2 K/V groups) under TP + SP + loss parallel: the
+    plan found by role cuts SwiGLU's fc1 as [gate_r; up_r] and whole query groups, RoPE reads the
+    gathered sequence's positions, and the step sends what bytes.py predicts: no position table
+    (nothing to gather), RMSNorm's weight alone summed over tp (no bias), no bias anywhere."""
+    lays, runs = two_ranks
+    lay = lays[3]
+    cfg = train_config(params_dtype="float64", **lay.config)
+    assert (cfg.normalization, cfg.swiglu, cfg.position_embedding_type, cfg.query_groups,
+            cfg.num_attention_heads, cfg.add_bias_linear) == ("RMSNorm", True, "rope", 2, 8, False)
+    r = runs[lay.name]
+    assert_same_training(r["native"], r["reference"], "Llama, native vs reference")
+    assert_same_training(r["native"], r["labkit"], "Llama, native vs labkit")
+    check_native_bytes(lay, r["native"])
+    b, s, h, e, t = cfg.micro_batch_size, cfg.seq_length, cfg.hidden_size, 8, 2
+    m, ring = cfg.num_microbatches(cfg.topology(2)), 2 * (t - 1) / t
+    sums = (2 * cfg.num_layers + 1) * h * e                 # RMSNorm weights: 2 per layer + the final one
+    native = bytes_of(r["native"]["comm_last_step"][0])["tp"]
+    assert native["all_reduce"] == ring * (m * 3 * b * s * e + sums)   # loss parallel's 3 [b, s], the norms
+    # all-gathers of [b, s, h]: per layer in front of qkv and fc1 and in the backward of proj's and
+    # fc2's reduce-scatters; the embedding's reduce-scatter's backward; the output layer's input.
+    # No position table under RoPE, so nothing else (GPT-2 also gathers its [s/t, h] positions' grad)
+    assert native["all_gather"] == (4 * cfg.num_layers + 2) * m * b * s * h * e * (t - 1) / t
 
 
 def test_pipelining_schedules_train_like_labkit_and_one_device():

@@ -14,9 +14,11 @@ def sp_plan_local_output(prefix, sequence_parallel):
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel)
-    gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True)
     return {f"{prefix}.input_layernorm": SequenceParallel(), f"{prefix}.pre_mlp_layernorm": SequenceParallel(),
-            f"{prefix}.self_attention": PrepareModuleInput(**gather), f"{prefix}.mlp": PrepareModuleInput(**gather),
+            f"{prefix}.self_attention": PrepareModuleInput(input_layouts=(Shard(1), None), use_local_output=True,
+                                                           desired_input_layouts=(Replicate(), None)),
+            f"{prefix}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                use_local_output=True),
             f"{prefix}.self_attention.linear_qkv": ColwiseParallel(), f"{prefix}.mlp.linear_fc1": ColwiseParallel(),
             f"{prefix}.self_attention.linear_proj": RowwiseParallel(output_layouts=Shard(1)),
             f"{prefix}.mlp.linear_fc2": RowwiseParallel(output_layouts=Shard(1))}

@@ -14,6 +14,7 @@ from labkit.native import CP_ERROR, NativeOptions, check_native, resolve
 from labkit.native.bytes import labkit_calc_bytes, local_shapes, native_step_bytes
 from labkit.native.mesh import mesh_ranks, mesh_shape
 from labkit.native.pipeline import stage_indices
+from labkit.spec import preset_args
 
 PP = dict(pipeline_model_parallel_size=2, num_layers=4, untie_embeddings_and_output_weights=True,
           global_batch_size=8)
@@ -37,6 +38,8 @@ PP = dict(pipeline_model_parallel_size=2, num_layers=4, untie_embeddings_and_out
     (2, dict(), NativeOptions(mixed_precision="bf16"), ["MixedPrecisionPolicy"]),
     (2, dict(zero_stage=3, params_dtype="float64"), NativeOptions(mixed_precision="bf16"), ["float32"]),
     (2, dict(zero_stage=3), NativeOptions(mixed_precision="fp16"), ["'bf16'"]),
+    (2, dict(preset_args("llama3-tiny", num_query_groups=1), tensor_model_parallel_size=2), NativeOptions(),
+     ["num_query_groups 1", "tp_kv", "multiple of tensor_model_parallel_size"]),
 ])
 def test_layouts_the_native_path_cannot_express_are_refused_with_the_reason(world, config, opts, words):
     with pytest.raises(ValueError) as e:
@@ -107,6 +110,63 @@ def test_hsdp_mesh_splits_dp_with_shards_fastest():
 def test_v_shaped_placement():
     assert [stage_indices("ZBVZeroBubble", 4, r, 2) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
     assert [stage_indices("Interleaved1F1B", 2, r, 2) for r in range(2)] == [[0, 2], [1, 3]]
+
+
+# -- the TP plan, found by role and cut as labkit's shard plan cuts -----------------------------
+def test_plan_is_found_by_role_for_gpt2_and_llama():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, SequenceParallel
+
+    from labkit.model import GPT
+    from labkit.native.tp_plan import tensor_parallel_plan
+    for args, positions in ((dict(num_layers=1), True), (preset_args("llama3-tiny", num_layers=1), False)):
+        model = GPT(train_config(**args).model_config(), seed=0)
+        plan = tensor_parallel_plan(model, sequence_parallel=True, loss_parallel=True)
+        pre = "decoder.layers.0."
+        assert isinstance(plan[pre + "mlp.linear_fc1"], ColwiseParallel)
+        assert isinstance(plan[pre + "input_layernorm"], SequenceParallel)      # LayerNorm or RMSNorm
+        assert isinstance(plan["decoder.final_layernorm"], SequenceParallel)
+        attn, mlp = plan[pre + "self_attention"], plan[pre + "mlp"]
+        assert isinstance(attn, PrepareModuleInput) and isinstance(mlp, PrepareModuleInput)
+        assert attn.input_layouts == (Shard(1), None) and attn.desired_input_layouts == (Replicate(), None)
+        assert mlp.input_layouts == (Shard(1),)                                # the MLP takes x alone
+        assert ("embedding.position_embeddings" in plan) == positions           # RoPE: no table to cut
+        assert "output_layer" in plan and "embedding.word_embeddings" in plan
+        assert set(tensor_parallel_plan(model)) == {pre + n for n in (
+            "self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")} | {
+            "embedding.word_embeddings", "output_layer"}
+
+
+def test_fused_weights_follow_labkits_shard_plan():
+    """SwiGLU's fc1 [gate; up] is stored in rank order, so DTensor's Shard(0) gives rank r Megatron's
+    [gate_r; up_r]; whole query groups need nothing; K/V shared by tp ranks is refused."""
+    import torch
+
+    from labkit.model import GPT
+    from labkit.native.tp_plan import dense_grad, dense_orders
+    model = GPT(train_config(**preset_args("llama3-tiny", num_layers=1)).model_config(), seed=0)
+    orders = dense_orders(model, 2)
+    name = "decoder.layers.0.mlp.linear_fc1.weight"                          # [2 x 64, h]: gate 0-63, up 64-127
+    assert set(orders) == {name}
+    dim, blocks = orders[name]
+    assert dim == 0 and [(b.start, b.stop) for b in blocks] == [(0, 32), (64, 96), (32, 64), (96, 128)]
+    dense = torch.randn(128, 32, dtype=torch.float64)
+    stored = torch.cat([dense[b.start:b.stop] for b in blocks])
+    model.get_submodule(name.rpartition(".")[0]).dense_order = {"weight": orders[name]}
+    assert torch.equal(dense_grad(model, name, stored), dense)
+    assert dense_orders(GPT(train_config(num_layers=1).model_config(), seed=0), 2) == {}   # GPT-2: contiguous
+    gqa1 = GPT(train_config(**preset_args("llama3-tiny", num_layers=1, num_query_groups=1)).model_config(), seed=0)
+    with pytest.raises(ValueError, match="several tp ranks"):
+        dense_orders(gqa1, 2)
+
+
+def test_local_shapes_are_the_models_for_each_family():
+    from labkit.model import GPT
+    for args in (dict(), dict(untie_embeddings_and_output_weights=True), preset_args("llama3-tiny"),
+                 dict(swiglu=True, normalization="RMSNorm", add_bias_linear=True)):
+        cfg = train_config(**args)
+        model = GPT(cfg.model_config(), seed=0)
+        assert local_shapes(cfg, 1, NativeOptions()) == [(n, tuple(p.shape)) for n, p in model.named_parameters()]
 
 
 # -- bytes (pure) -----------------------------------------------------------------------------

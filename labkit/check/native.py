@@ -40,6 +40,7 @@ def _step(cfg, model, axes, x, y, tp: int):
 
     from labkit.native.count import ByteCounter
     from labkit.native.grads import finish_partial_grads
+    from labkit.native.tp_plan import dense_grad
     counter = ByteCounter(axes)
     with counter, (loss_parallel() if tp > 1 else contextlib.nullcontext()):
         loss = model(x, y)
@@ -47,7 +48,8 @@ def _step(cfg, model, axes, x, y, tp: int):
     with counter:
         finish_partial_grads(list(model.parameters()))
     loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
-    grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone()
+    grads = {n: dense_grad(model, n, (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
+                           .detach().clone())
              for n, p in model.named_parameters() if p.grad is not None}
     total = loss.detach().double().reshape(1).clone()
     dist.all_reduce(total)                       # every rank's replica mean (tp copies of each)
@@ -69,12 +71,14 @@ def _plan_worker(student_fn, sequence_parallel: bool):
 
     from labkit.config import train_config
     from labkit.model import GPT
-    from labkit.native.tp_plan import tensor_parallel_plan
+    from labkit.native.tp_plan import local_heads, tensor_parallel_plan
     tp = dist.get_world_size()
     cfg = train_config(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel, **MODEL)
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
-    ends = tensor_parallel_plan([], sequence_parallel, loss_parallel=True)   # embedding, norm, output
     model = GPT(cfg.model_config(), seed=0).double()
+    ends = {k: v for k, v in tensor_parallel_plan(model, sequence_parallel, loss_parallel=True).items()
+            if not k.startswith("decoder.layers.")}        # the chapter's embedding, final norm, output
+    local_heads(model, tp)                                 # each attention computes its rank's heads
     with forbidden(*OWN_PLAN, why="the layer's plan is the exercise"):
         layers = {}
         for i in model.decoder.layers.keys():
@@ -133,8 +137,9 @@ def tp_plan(student_fn, sequence_parallel: bool = False, world_size: int = 2):
                                                         "need their whole input" if sequence_parallel else ""),
         "ColwiseParallel() for linear_qkv and linear_fc1, RowwiseParallel() for linear_proj and "
         "linear_fc2" + (" with output_layouts=Shard(1); SequenceParallel() for both norms; "
-                        "PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)) "
-                        "for self_attention and mlp" if sequence_parallel else "")],
+                        "PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), "
+                        "None)) for self_attention (its second input, position_ids, passes through) and "
+                        "the same with (Shard(1),) -> (Replicate(),) for mlp" if sequence_parallel else "")],
         "bytes": ["the numbers are right, so the layouts are consistent; some tensor moves more than it must",
                   "a module left replicated sends nothing in its layer; a plain tensor re-wrapped as "
                   "Replicate() has its gradient all-reduced where a reduce-scatter would do",

@@ -101,7 +101,7 @@ def fig_tp_weights(hidden_size: int = 4, num_attention_heads: int = 2, t: int = 
 
 def layer_rows(sequence_parallel: bool, t: int = 2, heads: int = 4):
     """One transformer layer as rows (name, kind, lane labels, shape per rank, operator) read from
-    ``layer_plan``: kind is act (outside the TP region), col, local, row or op (an operator)."""
+    ``layer_plan`` (keyed by role: qkv, proj, fc1, fc2): kind is act (outside the TP region), col, local, row or op (an operator)."""
     from ..tensor_parallel.plan import layer_plan
     plan = {k: v.what for k, v in layer_plan(sequence_parallel).items()}
     sp = sequence_parallel
@@ -117,20 +117,20 @@ def layer_rows(sequence_parallel: bool, t: int = 2, heads: int = 4):
     return [
         ("layer input", "act", act_lane, outside, None),
         ("input_layernorm", "act", act_lane, outside, None),
-        ("", "op", None, "", op_in("self_attention.linear_qkv")),
+        ("", "op", None, "", op_in("qkv")),
         ("linear_qkv", "col", [f"heads {r * per}-{r * per + per - 1}" for r in range(t)],
          "[b, s, 3h/t]", None),
         ("attention", "local", [f"heads {r * per}-{r * per + per - 1}" for r in range(t)],
          "[b, s, h/t]", None),
         ("linear_proj", "row", ["partial"] * t, "[b, s, h]", None),
-        ("", "op", None, "", op_out("self_attention.linear_proj")),
+        ("", "op", None, "", op_out("proj")),
         ("dropout, + residual", "act", act_lane, outside, None),
         ("pre_mlp_layernorm", "act", act_lane, outside, None),
-        ("", "op", None, "", op_in("mlp.linear_fc1")),
+        ("", "op", None, "", op_in("fc1")),
         ("linear_fc1", "col", ["4h/t"] * t, "[b, s, 4h/t]", None),
         ("GeLU", "local", ["4h/t"] * t, "[b, s, 4h/t]", None),
         ("linear_fc2", "row", ["partial"] * t, "[b, s, h]", None),
-        ("", "op", None, "", op_out("mlp.linear_fc2")),
+        ("", "op", None, "", op_out("fc2")),
         ("dropout, + residual", "act", act_lane, outside, None),
     ]
 

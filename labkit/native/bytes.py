@@ -50,24 +50,34 @@ def held(cfg, world_size: int, opts: NativeOptions, rank: int = 0):
 
 
 def local_shapes(cfg, world_size: int, opts: NativeOptions, rank: int = 0) -> list[tuple[str, tuple]]:
-    """(name, local shape after TP) of every parameter ``rank`` holds, in module order."""
+    """(name, local shape after TP) of every parameter ``rank`` holds, in module order, for the
+    model the spec describes (``labkit.spec``: LayerNorm or RMSNorm, GeLU or SwiGLU's [gate; up],
+    learned positions or RoPE, group-query attention, biases or none, tied or untied output)."""
     mc, t = cfg.model_config(), cfg.tensor_model_parallel_size
     h, f, V, s = mc.hidden_size, mc.ffn_hidden_size, mc.vocab_size, mc.seq_length
+    qkv = (mc.num_attention_heads + 2 * mc.query_groups) * mc.head_dim // t   # whole query groups
+    fc1 = (2 if mc.swiglu else 1) * f // t                                      # [gate_r; up_r]
     stages, S, layers = held(cfg, world_size, opts, rank)
+
+    def norm(name):
+        return [(name + ".weight", (h,))] + ([(name + ".bias", (h,))] if mc.normalization == "LayerNorm" else [])
+
+    def linear(name, shape, bias_rows):
+        return [(name + ".weight", shape)] + ([(name + ".bias", (bias_rows,))] if mc.add_bias_linear else [])
+
     out = []
     if 0 in stages:
-        out += [("embedding.word_embeddings.weight", (V // t, h)), ("embedding.position_embeddings.weight", (s, h))]
+        out.append(("embedding.word_embeddings.weight", (V // t, h)))
+        if mc.position_embedding_type == "learned_absolute":
+            out.append(("embedding.position_embeddings.weight", (s, h)))
     for i in layers:
         pre = f"decoder.layers.{i}."
-        out += [(pre + "input_layernorm.weight", (h,)), (pre + "input_layernorm.bias", (h,)),
-                (pre + "self_attention.linear_qkv.weight", (3 * h // t, h)),
-                (pre + "self_attention.linear_qkv.bias", (3 * h // t,)),
-                (pre + "self_attention.linear_proj.weight", (h, h // t)), (pre + "self_attention.linear_proj.bias", (h,)),
-                (pre + "pre_mlp_layernorm.weight", (h,)), (pre + "pre_mlp_layernorm.bias", (h,)),
-                (pre + "mlp.linear_fc1.weight", (f // t, h)), (pre + "mlp.linear_fc1.bias", (f // t,)),
-                (pre + "mlp.linear_fc2.weight", (h, f // t)), (pre + "mlp.linear_fc2.bias", (h,))]
+        out += (norm(pre + "input_layernorm") + linear(pre + "self_attention.linear_qkv", (qkv, h), qkv)
+                + linear(pre + "self_attention.linear_proj", (h, mc.num_attention_heads * mc.head_dim // t), h)
+                + norm(pre + "pre_mlp_layernorm") + linear(pre + "mlp.linear_fc1", (fc1, h), fc1)
+                + linear(pre + "mlp.linear_fc2", (h, f // t), h))
     if S - 1 in stages:
-        out += [("decoder.final_layernorm.weight", (h,)), ("decoder.final_layernorm.bias", (h,))]
+        out += norm("decoder.final_layernorm")
         if cfg.untie_embeddings_and_output_weights:
             out.append(("output_layer.weight", (V // t, h)))
     return out
@@ -112,8 +122,9 @@ def native_step_bytes(cfg, world_size: int, opts: NativeOptions = NativeOptions(
             _add(out, "tp", "all_reduce", m * len(layers) * 4 * ring_all_reduce_bytes(N, t))
         if first:
             if sp:
+                learned = cfg.position_embedding_type == "learned_absolute"    # [s, h] cut to [s/t, h]
                 _add(out, "tp", "reduce_scatter", m * reduce_scatter_bytes(N, t))
-                _add(out, "tp", "all_gather", m * (all_gather_bytes(N, t) + all_gather_bytes(s * h * act, t)))
+                _add(out, "tp", "all_gather", m * (all_gather_bytes(N, t) + learned * all_gather_bytes(s * h * act, t)))
             else:
                 _add(out, "tp", "all_reduce", m * ring_all_reduce_bytes(N, t))
         if last:
@@ -127,7 +138,8 @@ def native_step_bytes(cfg, world_size: int, opts: NativeOptions = NativeOptions(
             else:
                 _add(out, "tp", "all_gather", m * all_gather_bytes(b * s * V * act, t))
         if sp:                                                   # norms' gradients, once per step
-            norms = 4 * h * len(layers) + (2 * h if last else 0)
+            per_norm = h * (2 if cfg.normalization == "LayerNorm" else 1)   # RMSNorm: no bias
+            norms = 2 * per_norm * len(layers) + (per_norm if last else 0)
             _add(out, "tp", "all_reduce", ring_all_reduce_bytes(norms * e, t))
     if topo.pp > 1:
         p = topo.pp

@@ -13,10 +13,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from ..spec import preset_args
 from .options import NativeOptions, check_native
 
 PP = dict(pipeline_model_parallel_size=2, num_layers=4, untie_embeddings_and_output_weights=True,
           global_batch_size=8)
+# the Llama family (labkit.spec's "llama3-tiny": RMSNorm, SwiGLU, RoPE, 2 K/V groups for 8 heads,
+# no biases, untied), 2 layers
+LLAMA = preset_args("llama3-tiny", num_layers=2)
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ LAYOUTS = [
     Layout("FSDP2 (no reshard)", 2, dict(zero_stage=2), note="labkit: ZeRO-2"),
     Layout("DP (FSDP2's replicate)", 2, dict(), note="labkit: DDP"),
     Layout("TP + SP + loss parallel", 2, dict(tensor_model_parallel_size=2, sequence_parallel=True)),
+    Layout("Llama: TP + SP + loss parallel", 2, dict(LLAMA, tensor_model_parallel_size=2, sequence_parallel=True)),
     Layout("FSDP x TP (2-D)", 4, dict(tensor_model_parallel_size=2, sequence_parallel=True, zero_stage=3)),
     Layout("HSDP 2 x 2", 4, dict(zero_stage=3), NativeOptions(dp_replicate=2),
            note="labkit: ZeRO-3 over dp 4 (no HSDP)"),

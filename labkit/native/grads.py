@@ -73,13 +73,20 @@ def clip_(params, max_norm: float, total: float) -> None:
                 p.grad.mul_(max_norm / (total + 1e-6))
 
 
-def full_grads(named_params, coords: dict) -> dict:
-    """{dense name: (full gradient on the CPU, None)} from the ranks at dp 0 and tp 0 (every rank
-    takes part: ``full_tensor`` all-gathers over the parameter's mesh), the format
-    ``labkit.parallelize.assemble`` merges."""
-    out = {}
-    for name, p in named_params:
-        g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-        if coords["dp"] == 0 and coords["tp"] == 0:
-            out[name] = (g.detach().cpu().clone(), None)
+def full_grads(parts, coords: dict) -> list:
+    """[(ParamShard of the whole tensor, full gradient on the CPU)] of every parameter of ``parts``
+    (the modules this rank holds), from the ranks at dp 0 and tp 0 (every rank takes part: ``full_tensor``
+    all-gathers over the parameter's mesh), in the dense model's row order (a fused weight stored
+    in rank order is put back: ``tp_plan.dense_grad``): what ``labkit.parallelize.dense_shards``
+    gives, so ``labkit.parallelize.assemble`` merges both implementations' the same way."""
+    from ..shard_plan import ParamShard
+
+    from .tp_plan import dense_grad
+    out = []
+    for part in parts:
+        for name, p in part.named_parameters():
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            if coords["dp"] == 0 and coords["tp"] == 0:
+                g = dense_grad(part, name, g.detach().cpu()).clone()
+                out.append((ParamShard(name, tuple(g.shape)), g))
     return out

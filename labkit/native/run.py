@@ -133,7 +133,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
             calls[op] = calls.get(op, 0) + n
         per_step.append(counter.table())         # running totals; per step: differences
         if capture_grads and it == 0:
-            grads = full_grads([(n, p) for part in parts for n, p in part.named_parameters()], coords)
+            grads = full_grads(parts, coords)
         norm = grad_norm(params, coords)
         clip_(params, cfg.clip_grad, norm)
         opt.step()
@@ -148,7 +148,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
              "memory": None,
              "implementation": "native", "schedule": schedule_of(cfg, opts)}
     return {"losses": losses, "grad_norms": norms, "iteration_ms": times, "extra": extra,
-            "grads": grads, "moe": None}
+            "grads": grads, "moe": None, "loss_scales": [1.0] * steps, "skipped": [False] * steps}
 
 
 def _global_loss(loss, coords: dict, topo) -> float:

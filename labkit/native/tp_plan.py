@@ -2,34 +2,44 @@
 ``ParallelStyle``, applied by ``torch.distributed.tensor.parallel.parallelize_module`` (chapter
 "From labkit to PyTorch-native").
 
-It is labkit's ``tensor_parallel/plan.py`` in DTensor's words, module by module:
+It is labkit's ``tensor_parallel/plan.py`` in DTensor's words. Both are keyed by ROLE (the tag
+``labkit.modules`` puts on every module: qkv, proj, fc1, fc2, norm, embedding, position, output),
+never by class or name, so GPT-2 and the Llama family (RMSNorm, SwiGLU, RoPE, GQA) are cut by the
+same lines:
 
-    labkit (tensor_parallel/)            this plan (DTensor)                       collective
-    VocabParallelEmbedding               RowwiseParallel on the nn.Embedding       all-reduce (SP: reduce-scatter)
-    ColumnParallelLinear (qkv, fc1)      ColwiseParallel                           - (SP: all-gather in front)
-    RowParallelLinear (proj, fc2)        RowwiseParallel                           all-reduce (SP: reduce-scatter)
-    SP LayerNorms (sequence_parallel)    SequenceParallel                          - (grads summed over tp)
-    vocab-parallel output + loss         ColwiseParallel-like, ``loss_parallel()`` 3 all-reduces of [b*s]
+    role (labkit's style)               this plan (DTensor)                       collective
+    embedding (vocab rows)              RowwiseParallel on the nn.Embedding       all-reduce (SP: reduce-scatter)
+    qkv, fc1 (column-parallel)          ColwiseParallel                           - (SP: all-gather in front)
+    proj, fc2 (row-parallel)            RowwiseParallel                           all-reduce (SP: reduce-scatter)
+    norm under SP                       SequenceParallel                          - (grads summed over tp)
+    output + loss (vocab-parallel)      ColwiseParallel-like, ``loss_parallel()`` 3 all-reduces of [b*s]
+    the parent of qkv / of fc1, SP      PrepareModuleInput (Shard(1) -> Replicate) all-gather
 
-torchtitan's ``parallelize_llama.apply_tp`` is the model (d0ed9b42): the layers' inputs are
-re-laid out by ``PrepareModuleInput`` on the attention and MLP modules, the norms run on sequence
-shards, and the residual stream stays a local tensor [b, s/t, h]. Parameters become DTensors
-(``Shard(0)`` for column-parallel weights and biases, ``Shard(1)`` for row-parallel weights,
-``Replicate()`` for norms and row-parallel biases); their gradients come back complete, because
+torchtitan's ``parallelize_llama.apply_tp`` is the model (d0ed9b42): the blocks' inputs are
+re-laid out by ``PrepareModuleInput`` (the attention's second input, RoPE's positions, passes
+through: ``(Shard(1), None)``), the norms run on sequence shards, and the residual stream stays a
+local tensor [b, s/t, h]. Parameters become DTensors; their gradients come back complete, because
 DTensor inserts the reductions Megatron writes by hand (the SP norm sums, the conjugate f/g).
 
-Only the model's module names are read (``decoder.layers.<i>.self_attention.linear_qkv``, ...),
-so a model with the same names is cut the same way.
+WHICH rows a rank holds is labkit's shard plan (``labkit.shard_plan``), asked through labkit's own
+styles: a contiguous 1/t is DTensor's ``Shard(dim)``; a fused weight whose rank-r part is several
+blocks (SwiGLU's fc1 = [gate; up] -> [gate_r; up_r]) is stored with its rows in rank order first,
+so that ``Shard(0)`` of it is exactly Megatron's cut (``dense_order`` remembers the order, for the
+reassembled gradients); a block held by several ranks (K/V of a query group shared by tp ranks,
+``num_query_groups < t``) has no DTensor placement and is refused.
 """
 from __future__ import annotations
 
+import inspect
 from functools import partial
 
+import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
-from torch.distributed.tensor import distribute_module
+
+from .. import shard_plan as sp_
 
 
 class OutputParallel(ColwiseParallel):
@@ -59,72 +69,153 @@ class OutputParallel(ColwiseParallel):
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
 
-def tensor_parallel_plan(layer_names, sequence_parallel: bool = False,
-                         loss_parallel: bool = False) -> dict:
-    """{module name: ParallelStyle} for the GPT's modules; ``layer_names`` are the keys of
-    ``decoder.layers`` this model (or pipeline stage) holds; the embedding, final norm and output
-    entries apply to a model that holds them (:func:`apply_tensor_parallel` drops the others)."""
-    seq = Shard(1)                                   # activations [b, s, h]: the sequence is dim 1
-    residual = seq if sequence_parallel else Replicate()
-    plan = {
-        # vocab-parallel embedding: rows of the table cut over tp, partial sums reduced. Under SP
-        # the sum is reduce-scattered over the sequence and the positions are cut to match.
-        "embedding.word_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
-        "output_layer": OutputParallel(input_layouts=residual, output_layouts=Shard(-1),
-                                       use_local_output=not loss_parallel),
+# the dim DTensor cuts each parameter of a role's style along (None: Replicate); checked against
+# labkit's shard plan for every parameter before anything is cut (:func:`dense_orders`)
+STYLE_DIMS = {"embedding": {"weight": 0}, "qkv": {"weight": 0, "bias": 0}, "fc1": {"weight": 0, "bias": 0},
+              "proj": {"weight": 1, "bias": None}, "fc2": {"weight": 1, "bias": None},
+              "output": {"weight": 0}, "norm": {"weight": None, "bias": None}, "position": {"weight": None}}
+
+
+def role_styles(sequence_parallel: bool = False, loss_parallel: bool = False) -> dict:
+    """{role: ParallelStyle} (roles left out stay as they are: replicated)."""
+    residual = Shard(1) if sequence_parallel else Replicate()     # activations [b, s, h]: seq is dim 1
+    styles = {
+        # vocab-parallel embedding: rows of the table cut over tp, partial sums reduced (under SP
+        # reduce-scattered over the sequence; the learned positions are then cut to match)
+        "embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
+        "qkv": ColwiseParallel(),                                 # whole query groups: [b, s, (n+2g)d/t]
+        "proj": RowwiseParallel(output_layouts=residual),
+        "fc1": ColwiseParallel(),                                 # [b, s, 4h/t] (SwiGLU: [gate_r; up_r])
+        "fc2": RowwiseParallel(output_layouts=residual),
+        "output": OutputParallel(input_layouts=residual, output_layouts=Shard(-1) if loss_parallel
+                                 else Replicate(), use_local_output=not loss_parallel),
     }
     if sequence_parallel:
-        plan["embedding.position_embeddings"] = PrepareModuleOutput(
-            output_layouts=Replicate(), desired_output_layouts=Shard(0))     # [s, h] -> [s/t, h]
-        plan["decoder.final_layernorm"] = SequenceParallel()
-    if not loss_parallel:                            # logits gathered: [b, s, V] on every rank
-        plan["output_layer"].output_layouts = (Replicate(),)
-    for i in layer_names:
-        pre = f"decoder.layers.{i}"
-        plan.update({
-            f"{pre}.self_attention.linear_qkv": ColwiseParallel(),             # heads cut: [b, s, 3h/t]
-            f"{pre}.self_attention.linear_proj": RowwiseParallel(output_layouts=residual),
-            f"{pre}.mlp.linear_fc1": ColwiseParallel(),                        # [b, s, 4h/t]
-            f"{pre}.mlp.linear_fc2": RowwiseParallel(output_layouts=residual),
-        })
-        if sequence_parallel:                       # norms on [b, s/t, h]; all-gather into the block
-            plan.update({
-                f"{pre}.input_layernorm": SequenceParallel(),
-                f"{pre}.pre_mlp_layernorm": SequenceParallel(),
-                # the gathered input stays a DTensor into the column-parallel linear, so its
-                # gradient (Partial) is reduce-scattered back to [b, s/t, h]; a local tensor here
-                # would be re-wrapped as Replicate and all-reduced instead (twice the bytes)
-                f"{pre}.self_attention": PrepareModuleInput(
-                    input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-                f"{pre}.mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-            })
+        styles["norm"] = SequenceParallel()                       # norms on [b, s/t, h]
+        styles["position"] = PrepareModuleOutput(output_layouts=Replicate(),
+                                                 desired_output_layouts=Shard(0))   # [s, h] -> [s/t, h]
+    return styles
+
+
+def gather_input(module: nn.Module) -> PrepareModuleInput:
+    """SP: the block that holds a column-parallel linear needs its whole input (all-gather the
+    sequence); its other positional inputs (the attention's ``position_ids``) pass through. The
+    gathered input stays a DTensor into the column-parallel linear, so its gradient (Partial) is
+    reduce-scattered back to [b, s/t, h]; a local tensor there would be re-wrapped as Replicate and
+    all-reduced instead (twice the bytes)."""
+    params = [p for p in inspect.signature(module.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = (None,) * (len(params) - 1)
+    return PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest))
+
+
+def tensor_parallel_plan(model: nn.Module, sequence_parallel: bool = False, loss_parallel: bool = False) -> dict:
+    """{module name: ParallelStyle} for the modules ``model`` (the dense GPT or a pipeline stage)
+    holds, found by their roles, in module order."""
+    styles, plan = role_styles(sequence_parallel, loss_parallel), {}
+    for name, module in model.named_modules():
+        r = getattr(module, "role", None)
+        if sequence_parallel and r in ("qkv", "fc1"):            # the attention / the MLP before it
+            parent = name.rpartition(".")[0]
+            plan[parent] = gather_input(model.get_submodule(parent))
+        if r in styles:
+            plan[name] = styles[r]
     return plan
 
 
-def apply_tensor_parallel(model, tp_mesh, sequence_parallel: bool = False,
-                          loss_parallel: bool = False) -> dict:
+def dense_orders(model: nn.Module, t: int, sequence_parallel: bool = False) -> dict:
+    """{parameter name: (dim, blocks)}: the dense rows in the order DTensor's ``Shard(dim)`` must see
+    them so that rank r's slice is labkit's shard-plan entry for rank r, for each parameter whose
+    rank-r part is not one contiguous 1/t (SwiGLU's fc1). Raises ValueError for a cut DTensor
+    cannot express (K/V held by several tp ranks), or a role whose style cuts another dim than
+    labkit's plan."""
+    from ..tensor_parallel.plan import tp_plan
+    labkit_styles, out = tp_plan(sequence_parallel), {}
+    for name, module in model.named_modules():
+        role = getattr(module, "role", None)
+        if role not in STYLE_DIMS or role not in labkit_styles:
+            continue
+        prefix = name + "." if name else ""
+        dense = {k: sp_.ParamShard(prefix + k, tuple(p.shape)) for k, p in module.named_parameters(recurse=False)}
+        per_rank = [labkit_styles[role].shard(module, t, r, dict(dense)) for r in range(t)]
+        for k in dense:
+            entries = [e[k] for e in per_rank]
+            want = STYLE_DIMS[role][k]
+            if want is None:
+                if entries[0].cut is not None:
+                    raise ValueError(f"{prefix + k}: labkit's plan cuts it (dim {entries[0].dim}), the "
+                                     f"DTensor style for role {role!r} replicates it")
+                continue
+            if entries[0].dim != want:
+                raise ValueError(f"{prefix + k}: labkit's plan cuts dim {entries[0].dim}, the DTensor "
+                                 f"style for role {role!r} dim {want}")
+            if all(e.even_shard() == (want, r) for r, e in enumerate(entries)):
+                continue                                          # Shard(want) as it is
+            if any(b.replicas for e in entries for b in e.blocks):
+                raise ValueError(f"{prefix + k}: labkit's plan gives some rows to several tp ranks "
+                                 f"(the K/V of a query group when num_query_groups < "
+                                 f"tensor_model_parallel_size), which no DTensor placement expresses")
+            out[prefix + k] = (want, tuple(b for e in entries for b in e.blocks))
+    return out
+
+
+def local_heads(model: nn.Module, t: int) -> None:
+    """Each attention computes its rank's heads and query groups (labkit's attention reads them from
+    its attributes, where torchtitan's infers them from the shape)."""
+    for name, module in model.named_modules():
+        if getattr(module, "role", None) == "qkv":
+            n, g, _ = module.qkv_layout
+            if g % t:
+                raise ValueError(f"num_query_groups {g} is not divisible by tensor_model_parallel_size "
+                                 f"{t}: the native plan keeps whole query groups on each rank")
+            attn = model.get_submodule(name.rpartition(".")[0])
+            attn.num_attention_heads, attn.num_query_groups = n // t, g // t
+
+
+@torch.no_grad()
+def apply_tensor_parallel(model, tp_mesh, sequence_parallel: bool = False, loss_parallel: bool = False) -> dict:
     """Cut ``model`` (the dense GPT or one pipeline stage) over ``tp_mesh`` in place; returns the
-    plan it applied (only the entries for modules the model holds)."""
-    names = {n for n, _ in model.named_modules()}
-    plan = {k: v for k, v in tensor_parallel_plan(list(model.decoder.layers.keys()), sequence_parallel,
-                                                  loss_parallel).items() if k in names}
+    plan it applied. Fused weights are reordered first (:func:`dense_orders`), their order kept in
+    ``module.dense_order``."""
+    t = tp_mesh.size()
     if model.output_layer is not None and model.embedding is None and model.output_layer.weight is None:
         raise ValueError("a pipeline stage with a tied output layer but no embedding: untie them "
                          "(untie_embeddings_and_output_weights=True)")
+    orders = dense_orders(model, t, sequence_parallel)
+    for name, (dim, blocks) in orders.items():
+        prefix, _, k = name.rpartition(".")
+        module = model.get_submodule(prefix)
+        p = getattr(module, k)
+        p.copy_(torch.cat([p.narrow(dim, b.start, b.size) for b in blocks], dim=dim))
+        module.dense_order = {**getattr(module, "dense_order", {}), k: (dim, blocks)}
+    local_heads(model, t)
+    plan = tensor_parallel_plan(model, sequence_parallel, loss_parallel)
     # every rank built the same model from one seed: cut locally (src_data_rank=None), no broadcast
     parallelize_module(model, tp_mesh, plan, src_data_rank=None)
     return plan
 
 
-def is_dtensor(t) -> bool:
-    return isinstance(t, DTensor)
+def dense_grad(model: nn.Module, name: str, g: torch.Tensor) -> torch.Tensor:
+    """The full gradient ``g`` of parameter ``name`` in the dense model's row order."""
+    prefix, _, k = name.rpartition(".")
+    order = getattr(model.get_submodule(prefix), "dense_order", {}).get(k)
+    if order is None:
+        return g
+    dim, blocks = order
+    parts, at = [], 0
+    for b in blocks:
+        parts.append((b.start, b.stop, g.narrow(dim, at, b.size)))
+        at += b.size
+    return sp_.assemble(tuple(g.shape), dim, parts)
 
 
 def side_by_side(sequence_parallel: bool = False) -> list[dict]:
     """One row per module of a layer and of the model's ends: labkit's plan (what its module swap
     does, ``tensor_parallel.plan.describe``) beside the ParallelStyle this plan gives it."""
+    from ..model import GPT, GPTConfig
     from ..tensor_parallel.plan import describe, tp_plan
-    ours = tensor_parallel_plan(["*"], sequence_parallel, loss_parallel=True)
+    plan = tensor_parallel_plan(GPT(GPTConfig(num_layers=1), seed=0), sequence_parallel, loss_parallel=True)
+    ours = {k.replace("decoder.layers.0.", "decoder.layers.*."): v for k, v in plan.items()}
     rows = []
     for name, what in describe(tp_plan(sequence_parallel)).items():
         style = ours.get(name)
@@ -163,5 +254,10 @@ def _short(style) -> str:
 
 
 def _placement(p) -> str:
+    """``Shard(1)``, ``Replicate()``; a tuple of several as ``(Shard(1), None)``."""
+    if isinstance(p, tuple) and len(p) > 1:
+        return "(" + ", ".join(_placement(x) for x in p) + ")"
     p = p[0] if isinstance(p, tuple) else p
+    if p is None:
+        return "None"
     return "Replicate()" if isinstance(p, Replicate) else f"Shard({p.dim})"
