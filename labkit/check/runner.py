@@ -52,7 +52,13 @@ class Channel:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
 
     def send(self, **event) -> None:
-        os.write(self.fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+        self.write((json.dumps(event, separators=(",", ":")) + "\n").encode())
+
+    def write(self, data: bytes) -> None:
+        """All of ``data``: a write to a full pipe can be cut short by a signal (a rank exiting)."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
 
 
 def _legacy(job, chan) -> None:
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - the student's objects may not be data
             from labkit.check.spec import failure, short_error
             text = wire.dumps(failure("raised", short_error(e)))
-        os.write(chan.fd, (f'{{"event":"data","index":{k},"data":' + text + "}\n").encode())
+        chan.write((f'{{"event":"data","index":{k},"data":' + text + "}\n").encode())
     chan.send(event="done")
     return 0
 

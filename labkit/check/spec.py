@@ -128,7 +128,8 @@ def short_error(e: BaseException, limit: int = 300) -> str:
 
 # -- running the student's code: failures become plain data -----------------------------------
 def failure(kind: str, detail: str = "", **more) -> dict:
-    """{"failed": kind, "detail": ...}: stub | forbidden | missing | raised | died | hung."""
+    """{"failed": kind, "detail": ...}: stub | forbidden | missing | raised | died | hung | invalid
+    (the answer is not of the type the exercise asks for; ``detail`` says what it is)."""
     return {"failed": kind, "detail": detail[:600], **more}
 
 
@@ -183,6 +184,8 @@ def failed(title: str, data, hint: str = "") -> CheckResult | None:
                       "write the mechanism with the building blocks the exercise names")
     if kind == "missing":
         return report(title, False, detail, "run your answer cell, and keep the names the exercise gives")
+    if kind == "invalid":
+        return report(title, False, detail, hint or "keep the form the exercise's stub gives")
     if kind == "hung":
         return report(title, False, f"{detail}: a hang", "a send without a matching recv, or a collective "
                       "that not every rank calls")

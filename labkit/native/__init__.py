@@ -11,8 +11,9 @@ labkit's Topology, in torchtitan's order:
 
     mesh.py      Topology -> DeviceMesh ("pp", "dp" | "dp_replicate", "dp_shard", "tp")
     pipeline.py  torch.distributed.pipelining: PipelineStage per GPT.part, five schedules
-    tp_plan.py   parallelize_module plan: ColwiseParallel, RowwiseParallel, SequenceParallel,
-                 loss_parallel
+    tp_plan.py   parallelize_module plan found by role (GPT-2 and the Llama family), each cut
+                 checked against labkit's shard plan: ColwiseParallel, RowwiseParallel,
+                 SequenceParallel, loss_parallel
     fsdp.py      FSDP2 fully_shard per layer (reshard_after_forward, MixedPrecisionPolicy, HSDP)
     run.py       the rank's training loop; grads.py its norm and reassembled gradients
     count.py     CommDebugMode (calls) and a byte counter on the same step

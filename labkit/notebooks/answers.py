@@ -2,8 +2,9 @@
 
 The submission's cells are matched with the master's by cell id (:func:`merge`). The grader then
 builds one job per exercise (:func:`jobs`): the master's ``setup`` cells (the lab's imports), and
-the student's answer cells up to that exercise's check, in order: the stubs they filled in and
-the cells they added, those of earlier exercises included (a later exercise may use an earlier
+the student's answer cells up to that exercise's check, in order: the stubs they filled in, the
+``input`` cells and the cells they added, those of earlier exercises included (an input cell that
+names an exercise only in that exercise's job) (a later exercise may use an earlier
 answer, as the capstone does). Locked cells (demos, the checks themselves) never run when
 grading: a check cell edited, deleted or rebound in the submission changes nothing.
 
@@ -17,7 +18,7 @@ import ast
 import copy
 from dataclasses import dataclass
 
-from .schema import exercises, is_locked, is_setup
+from .schema import exercises, is_locked, is_setup, meta, role
 
 
 @dataclass
@@ -63,16 +64,34 @@ class Job:
     answers: list               # [(where, source)], in notebook order
 
 
+def _imports_only(src: str) -> bool:
+    try:
+        body = ast.parse(src).body
+    except SyntaxError:
+        return False
+    return bool(body) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
+
+
+def setup_sources(master) -> list[str]:
+    """The master's ``setup`` cells; a lab written before that role had none: then its locked code
+    cells made only of imports (what a setup cell holds), so that its checks find their names."""
+    marked = [c.source for c in master.cells if is_setup(c)]
+    return marked or [c.source for c in master.cells if is_locked(c) and _imports_only(c.source)]
+
+
 def jobs(master, sub) -> list[Job]:
     """One job per exercise of the master, in the order of its check cells."""
     slots = merge(master, sub)
-    setup = [c.source for c in master.cells if is_setup(c)]
+    setup = setup_sources(master)
+    # an input cell of one exercise (by the master's metadata, not the submission's) runs for it only
+    scoped = {c.get("id"): meta(c)["exercise"] for c in master.cells if role(c) == "input" and meta(c).get("exercise")}
     out = []
     for ex in exercises(master):
         at = next(i for i, s in enumerate(slots) if s.origin == "locked" and s.cell.get("id") == ex.check_id)
         answers = [(s.where, s.cell.get("source", "")) for s in slots[:at]
                    if s.origin in ("answer", "student") and s.cell.get("cell_type") == "code"
-                   and s.cell.get("source", "").strip()]
+                   and s.cell.get("source", "").strip()
+                   and scoped.get(s.cell.get("id"), ex.id) == ex.id]
         out.append(Job(ex, setup, answers))
     return out
 

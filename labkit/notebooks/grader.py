@@ -61,9 +61,12 @@ def _case_result(spec, case: dict, hidden: bool, event) -> dict:
                            f"{str(e)[:200]})"}
 
 
-def _notes(outcome, timeout: float) -> list[str]:
+def _notes(outcome, timeout: float, earlier=frozenset()) -> list[str]:
+    """What went wrong around the check: answer cells that raised (those an earlier exercise's job
+    ran too are that exercise's to report), a timeout, a dead process, a broken protocol."""
     cells = next((e for e in outcome.events if e.get("event") == "cells"), None)
-    notes = [f"{where} raised {err}" for where, err in (cells or {}).get("errors", [])[:3]]
+    errors = [(where, err) for where, err in (cells or {}).get("errors", []) if where not in earlier]
+    notes = [f"{where} raised {err}" for where, err in errors[:3]]
     if outcome.state == "timeout":
         notes.append(f"{outcome.detail} did not finish within {timeout:g} s")
     elif outcome.state == "died":
@@ -98,7 +101,7 @@ def _score(ex: Exercise, cases: list, notes: list, outcome, checked: str) -> dic
             "cases": [{**c, "message": c["message"][:2000]} for c in cases]}
 
 
-def _legacy(ex: Exercise, outcome, timeout: float) -> dict:
+def _legacy(ex: Exercise, outcome, timeout: float, earlier=frozenset()) -> dict:
     """An in-process check: its printed [check] lines, as many as the master's stored output, all PASS."""
     from .schema import check_lines
     ev = next((e for e in outcome.events if e.get("event") == "legacy"), {})
@@ -109,7 +112,7 @@ def _legacy(ex: Exercise, outcome, timeout: float) -> dict:
         cases.append({"name": "the check cell", "hidden": False, "passed": False,
                       "message": f"the check raised {ev['error']}" if ev.get("error") else
                       f"the check reported {len(lines)} of {ex.expected} results"})
-    result = _score(ex, cases, _notes(outcome, timeout), outcome, "in-process")
+    result = _score(ex, cases, _notes(outcome, timeout, earlier), outcome, "in-process")
     if result["status"] == "partial":            # an in-process check is all or nothing
         result["status"], result["points"] = "fail", 0
     return result
@@ -123,9 +126,11 @@ def _stuck_cell(outcome) -> str:
     return last.get("where", "") if last.get("event") == "cell" else ""
 
 
-def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict | None = None) -> tuple[dict, str]:
+def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict | None = None,
+                   earlier=frozenset()) -> tuple[dict, str]:
     """Run one exercise's job in ``folder`` (a fresh copy of the submission there) and judge it.
-    ``skip``: {cell: why} answer cells that hung or crashed an earlier exercise's run, left out.
+    ``skip``: {cell: why} answer cells that hung or crashed an earlier exercise's run, left out;
+    ``earlier``: the answer cells earlier exercises' jobs ran (their errors are reported there).
     Returns (result, the answer cell this run got stuck in or "")."""
     from labkit.check.registry import find
     ex, skip = job.exercise, skip or {}
@@ -138,12 +143,13 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
                if any(a[0] == where for a in job.answers)]
     if spec is None:
         outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout)
-        return _legacy(ex, outcome, opts.timeout), _stuck_cell(outcome)
+        return _legacy(ex, outcome, opts.timeout, earlier), _stuck_cell(outcome)
     cases = [(dict(c), False) for c in spec.cases] + [(dict(c), True) for c in opts.hidden.get(ex.id, [])]
     outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout)
     data = {e["index"]: e for e in outcome.events if e.get("event") == "data" and isinstance(e.get("index"), int)}
     judged = [_case_result(spec, case, hidden, data.get(k)) for k, (case, hidden) in enumerate(cases)]
-    return _score(ex, judged, skipped + _notes(outcome, opts.timeout), outcome, "isolated"), _stuck_cell(outcome)
+    return (_score(ex, judged, skipped + _notes(outcome, opts.timeout, earlier), outcome, "isolated"),
+            _stuck_cell(outcome))
 
 
 def _summary(path, results, extra=None) -> dict:
@@ -175,9 +181,10 @@ def grade_one(master, master_path: Path, path, opts: Options | None = None) -> d
     try:
         notebook = tmp / "submission.ipynb"
         shutil.copyfile(path, notebook)
-        results, skip = [], {}
+        results, skip, earlier = [], {}, set()
         for job in todo:                 # a cell that hung or crashed one exercise is left out of the next
-            result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip)
+            result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip, frozenset(earlier))
+            earlier |= {where for where, _ in job.answers}
             results.append(result)
             if stuck:
                 skip[stuck] = f"it did not finish or crashed while {job.exercise.id} was graded"

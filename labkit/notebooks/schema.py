@@ -6,11 +6,16 @@ A graded exercise is three kinds of cell tied by one exercise id, in ``cell.meta
     {"exercise": "ring-all-gather", "role": "solution"}            the answer (master only)
     {"exercise": "ring-all-gather", "role": "check", "points": 2}  calls labkit.check (locked)
     {"role": "setup"}                                              imports the answers need (locked)
+    {"role": "input"}                  a cell the student may edit and run, not an answer: a seed,
+                                       a run whose output an answer reads (with "exercise": only
+                                       for that exercise)
 
 ``points`` (an int >= 0, default 1) sits on the check cell; the grader gives partial credit: the
 share of the exercise's cases (visible and hidden) that pass. ``setup`` cells are what the grader
 runs before a submission's answer cells in each exercise's fresh process (the lab's imports, not
-its demos). A markdown cell with ``{"role": "solution"}``
+its demos). ``input`` cells are the student's like answers (kept, with their output, in the student
+copy; run by the grader among the answer cells, in order), but belong to no stub: the seed an
+instructor hands out, the tool run whose printout an exercise asks about. A markdown cell with ``{"role": "solution"}``
 (no exercise needed) is an answer key for an open question. The tag ``solution`` (version 1 of
 the labs) also marks a solution cell. Every other code cell of a master is *locked*: the grader
 runs the master's version of it, whatever the submission holds.
@@ -24,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-ROLES = ("stub", "solution", "check", "setup")
+ROLES = ("stub", "solution", "check", "setup", "input")
 KEYS = {"exercise", "role", "points"}
 ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -50,8 +55,8 @@ def is_setup(cell) -> bool:
 
 
 def is_locked(cell) -> bool:
-    """A master code cell the student must not change: everything but stubs and solutions."""
-    return cell.get("cell_type") == "code" and role(cell) not in ("stub", "solution")
+    """A master code cell the student must not change: everything but stubs, solutions and inputs."""
+    return cell.get("cell_type") == "code" and role(cell) not in ("stub", "solution", "input")
 
 
 def stdout(cell) -> str:

@@ -51,7 +51,7 @@ def _schema_problems(nb) -> list[str]:
                                                           and c.cell_type == "code")
         if needs_ex and not ex:
             problems.append(f"cell {i}: a {m.get('role')} code cell must name its exercise")
-        if m.get("role") in ("stub", "check", "setup") and c.cell_type != "code":
+        if m.get("role") in ("stub", "check", "setup", "input") and c.cell_type != "code":
             problems.append(f"cell {i}: a {m['role']} cell must be a code cell")
         if m.get("role") == "setup" and ex:
             problems.append(f"cell {i}: a setup cell belongs to no exercise")
