@@ -7,6 +7,8 @@ reference and clean run. Tier 1 checks the ordering and the trace comparison on 
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from labkit.debug import BUGS, first_divergence
@@ -46,6 +48,8 @@ def test_each_planted_bug_is_found_where_it_is(name, clean_runs):
     if "microbatch" in want:
         assert d.microbatch == want["microbatch"], str(d)
     assert d.collective_name == want["collective"], str(d)
+    if d.collective is not None:    # who issued it: labkit files and functions, no line numbers
+        assert re.fullmatch(r"[\w/]+\.py \w+( <- [\w/]+\.py \w+)?", d.collective.site), d.collective.site
 
 
 def test_no_bug_no_divergence():

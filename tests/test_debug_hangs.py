@@ -97,3 +97,7 @@ def test_stack_dump_parsing():
                  "finished": False}
     assert describe(3, w).startswith("rank 3 waits in all_reduce (comm.py:38")
     assert waits_from_stacks("nothing here") is None
+    done = waits_from_stacks(DUMP.split("  File \"/x/site-packages/torch/distributed/distributed")[0] +
+                             '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 4100 in barrier\n'
+                             '  File "/x/labkit/launch_rank.py", line 263 in rank_main\n')
+    assert done == {"op": "barrier", "site": "launch_rank.py rank_main", "finished": True}   # no line

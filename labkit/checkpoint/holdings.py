@@ -5,8 +5,11 @@ Chapter "When training goes wrong". Nothing here knows a strategy: it reads the 
 (``engine.dp.members``) what its optimizer updates. An optimizer parameter is either a model
 parameter (plain DP) or a flat run of several (ZeRO / Megatron's distributed optimizer: the shard
 [lo, hi) of one flat buffer); :func:`runs` maps it to [(dense name, lo, hi, base)] element runs.
-A member with another layout (master weights, per-layer units) says so with a
+A member with another layout (per-layer units, fp32 master weights) says so with a
 ``checkpoint_views()`` method returning the same mapping: the checkpoint needs nothing else.
+Mixed precision (bf16 / fp16): the fp32 masters are saved as the weights; a load fills the masters
+and the 16-bit parameters from them (rounded as the step rounds them); the main_grad buffer is
+transient (zero between iterations) and not saved.
 
 Keys of a checkpoint (each a dense tensor, saved in pieces at their global offsets):
 
@@ -14,6 +17,8 @@ Keys of a checkpoint (each a dense tensor, saved in pieces at their global offse
     optimizer.KEY.NAME         every per-element state the optimizer holds (AdamW: exp_avg,
                                exp_avg_sq), found in ``optimizer.state``, not listed by hand
     optimizer.step             the step count (one value: every parameter steps together)
+    optimizer.grad_scaler      fp16's dynamic loss scale: scale, growth and hysteresis trackers
+                               (Megatron keeps them in the optimizer's state dict)
     rng.rankR                  the rank's RNG states (torch's default generator, the dropout streams)
 
 Who writes what (each dense value exactly once): only blocks a rank owns (``Block.owner``); with
@@ -132,6 +137,25 @@ def create_state(engine, keys, step) -> None:
                 st[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
             if step is not None:
                 st["step"] = step.clone() if torch.is_tensor(step) else step
+
+
+# -- fp16's dynamic loss scale (labkit.precision.DynamicGradScaler; a constant one is configuration) --
+SCALER_FIELDS = ("scale", "_growth_tracker", "_hysteresis_tracker")
+
+
+def scaler_state(engine) -> dict | None:
+    """{field: value} of the Engine's dynamic loss scaler, or None (no scaler, or a constant one)."""
+    s = getattr(engine, "scaler", None)
+    return {k: getattr(s, k) for k in SCALER_FIELDS} if all(hasattr(s, k) for k in SCALER_FIELDS) else None
+
+
+def set_scaler_state(engine, state: dict) -> bool:
+    """Restore a saved dynamic loss scale into the Engine's; False if this run has none to restore."""
+    if scaler_state(engine) is None:
+        return False
+    for k in SCALER_FIELDS:
+        setattr(engine.scaler, k, state[k])
+    return True
 
 
 # -- RNG: torch's default generator and the dropout streams (labkit/tensor_parallel/random.py) ----

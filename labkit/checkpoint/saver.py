@@ -16,7 +16,9 @@ the folder and moves the tracker (``files.py``). Only one save is in flight: the
 A load (:func:`load_into`) reads, on each rank alone (DCP ``no_dist``: no collective), the global
 boxes its own layout needs: another TP/PP/VPP/DP/ZeRO/CP/EP layout and world size load the same
 files. The RNG states are restored only on the same layout (the dropout streams are per (pp, tp)
-rank); the data position is the iteration (labkit's batch of iteration i depends only on i).
+rank); the data position is the iteration (labkit's batch of iteration i depends only on i). Mixed
+precision: the fp32 masters are the weights (the 16-bit parameters are loaded from them), and
+fp16's dynamic loss scale is restored when the loading run has one (Megatron's ``grad_scaler``).
 """
 from __future__ import annotations
 
@@ -58,11 +60,14 @@ class Saver:
         t0 = time.perf_counter()
         state = {k: v.staged() for k, v in holdings.tensor_state(self.engine).items()}
         state[f"rng.rank{self.rank}"] = holdings.rng_state(self.engine)
+        scaler = holdings.scaler_state(self.engine)        # fp16's dynamic loss scale, or None
         if self.rank == 0:
             state["optimizer.step"] = holdings.step_value(self.engine)
+            if scaler is not None:
+                state["optimizer.grad_scaler"] = scaler
         record = {"iteration": iteration, "bytes": sum(v.nbytes for v in state.values() if isinstance(v, Chunks)),
                   "async": self.async_save}
-        info = self._info(iteration, consumed_samples)
+        info = dict(self._info(iteration, consumed_samples), grad_scaler=scaler is not None)
         if self.async_save:
             self.thread = threading.Thread(target=self._write_guarded, args=(state, info, record),
                                            name=f"labkit-save-{iteration}", daemon=True)
@@ -134,6 +139,9 @@ def load_into(engine, found: files.Found, cfg, topo) -> dict:
     rank = dist.get_rank()
     if same_layout:
         state[f"rng.rank{rank}"] = None
+    scaler = found.info.get("grad_scaler", False) and holdings.scaler_state(engine) is not None
+    if scaler:                                   # fp16's dynamic loss scale, saved and wanted
+        state["optimizer.grad_scaler"] = None
     planner = PiecesLoadPlanner(where=str(found.path))
     dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.path)), planner=planner, no_dist=True)
     step = planner.objects["optimizer.step"]
@@ -141,5 +149,7 @@ def load_into(engine, found: files.Found, cfg, topo) -> dict:
         holdings.create_state(engine, [], step)
     if same_layout:
         holdings.set_rng_state(engine, planner.objects[f"rng.rank{rank}"])
+    if scaler:
+        holdings.set_scaler_state(engine, planner.objects["optimizer.grad_scaler"])
     return {"iteration": found.iteration, "consumed_samples": found.info["consumed_samples"],
-            "rng": "restored" if same_layout else "reseeded"}
+            "rng": "restored" if same_layout else "reseeded", "grad_scaler": "restored" if scaler else None}

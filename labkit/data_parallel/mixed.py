@@ -132,6 +132,13 @@ class MixedPrecisionDataParallel:
         self.main_grad.zero_()
         self.master.grad, self._grad = None, None
 
+    def checkpoint_views(self) -> dict:
+        """{id(master): [(name, lo, hi, base)]}: master elements [base, base + hi - lo) hold elements
+        [lo, hi) of parameter ``name``: labkit.checkpoint saves the fp32 masters as the weights."""
+        offs = self.layout.offsets
+        return {id(self.master): [(n, max(a, self.lo) - a, min(b, self.hi) - a, max(a, self.lo) - self.lo)
+                                  for n, a, b in zip(self.names, offs, offs[1:]) if max(a, self.lo) < min(b, self.hi)]}
+
     def held_bytes(self) -> dict:
         """Bytes this rank holds (distinct storages): 16-bit params, main_grad, masters + moments."""
         return {"params": storage_bytes(self.params), "grads": storage_bytes([self.main_grad]),

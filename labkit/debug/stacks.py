@@ -5,8 +5,8 @@ asks every rank still running for its stacks (SIGUSR1, which each rank registere
 ``faulthandler``: the dump is written from C, so it works while the rank is blocked inside gloo or
 NCCL), then names for each the innermost ``torch.distributed`` call and the code that made it:
 
-    rank 0 waits in all_reduce (fn, line 12 <- launch_rank.py:262 rank_main)
-    rank 1 waits in barrier (launch_rank.py:263 rank_main): it finished its function and waits for the others
+    rank 0 waits in all_reduce (fn, line 12 <- launch_rank.py rank_main)
+    rank 1 waits in barrier (launch_rank.py rank_main): it finished its function and waits for the others
 
 Layer 1 of labkit (pure Python): the launcher imports it.
 """
@@ -29,7 +29,10 @@ def threads(dump: str) -> list[list[tuple[str, int, str]]]:
 
 def _frame(path: str, line: int, func: str) -> str:
     """labkit's and Python's own frames by file; the caller's code (a notebook cell, a script)
-    by function and line only, so the report reads the same wherever it ran."""
+    by function and line only, so the report reads the same wherever it ran; the launcher's
+    ``rank_main`` (where every rank's function is called) without a line: it says nothing."""
+    if path.endswith("/labkit/launch_rank.py") and func == "rank_main":
+        return "launch_rank.py rank_main"
     if "/labkit/" in path:
         where = path.split("/labkit/")[-1]
     elif "/site-packages/" in path:

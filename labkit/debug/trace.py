@@ -81,12 +81,13 @@ def _flat(value) -> list:
 
 
 def _site() -> str:
-    """The two innermost frames of labkit outside comm.py and labkit/debug: who issued it."""
+    """The two innermost frames of labkit outside comm.py and labkit/debug: who issued it, by file
+    and function (no line: a report that reads the same after an unrelated edit of that file)."""
     out, f = [], sys._getframe(2)
     while f is not None and len(out) < 2:
         path = f.f_code.co_filename.replace("\\", "/")
         if "/labkit/" in path and "/labkit/debug/" not in path and not path.endswith("/labkit/comm.py"):
-            out.append(f"{path.split('/labkit/')[-1]}:{f.f_lineno} {f.f_code.co_name}")
+            out.append(f"{path.split('/labkit/')[-1]} {f.f_code.co_name}")
         f = f.f_back
     return " <- ".join(out) or "?"
 
