@@ -3,9 +3,11 @@ leaves no process (ranks, forkserver, resource tracker) and no temporary folder,
 tree on Linux; a world the machine cannot hold is refused before anything is forked; a rank that dies
 by a signal is named with the signal. Small worlds; the waits are deadlines, not measurements."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -20,6 +22,14 @@ from labkit.launcher import RankFailed
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ROOT = Path(__file__).resolve().parent.parent
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree in /proc")
+_TMPDIRS: list = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_tmpdirs():
+    yield
+    for d in _TMPDIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def session(sid: int) -> list:
@@ -38,8 +48,10 @@ def session(sid: int) -> list:
 
 def _start(argv, tmp_path, ranks):
     """Start ``argv`` in a new session with its own empty TMPDIR; wait for its ``ranks`` ranks."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # a short TMPDIR of its own: multiprocessing binds the forkserver's AF_UNIX socket in it
+    # (pymp-XXXXXXXX/listener-XXXXXXXX), and a socket path over 107 bytes cannot bind
+    tmp = Path(tempfile.mkdtemp(prefix="lks-"))
+    _TMPDIRS.append(tmp)
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(ROOT))
     p = subprocess.Popen(argv, cwd=tmp_path, env=env, start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
