@@ -30,5 +30,7 @@ def test_run_figures_are_legible():
     panels = [("sequence length", True, [("a", 2048, 0.05, False), ("b", 65536, -0.1, True)]),
               ("precision", False, [("a", 1, 0.02, False)])]
     _check(pfig.residual_panels(panels, ["a", "b"]))
-    svg = _check(pfig.error_by_source([("a", 10, 0.05, (0.03, 0.08), 0.12), ("b", 5, 0.04, (0.01, 0.07), None)]))
-    assert "a (10)" in svg
+    # the real sources' names: the longest labels decide the width the page scales the figure to
+    svg = _check(pfig.error_by_source([("megatron_bridge", 216, 0.05, (0.03, 0.08), 0.12),
+                                       ("llm_foundry", 5, 0.04, (0.01, 0.07), None)]))
+    assert "megatron_bridge (216)" in svg

@@ -52,7 +52,8 @@ def _rect(x, y, w, color):
 
 def divergence_figure(divergence, title: str = ""):
     """Largest relative difference of each fingerprint (over the ranks) in the run's order."""
-    fig, ax = figures.new(5.0, 2.8)
+    from matplotlib.ticker import NullLocator
+    fig, ax = figures.new(3.6, 2.8)                 # + the legend at the right: <= 5 in in all
     prof = divergence.profile
     first = next(i for i, p in enumerate(prof) if p[0] == _first_key(divergence, prof))
     floor = 1e-17
@@ -68,6 +69,9 @@ def divergence_figure(divergence, title: str = ""):
                 textcoords="offset points", arrowprops=dict(arrowstyle="->", lw=0.8))
     ax.set_yscale("log")
     ax.set_ylim(floor / 3, 10)
+    # decade ticks as plain text ("1e-12"): mathtext's superscripts would be below 9 px on a phone
+    ax.set_yticks([10.0 ** k for k in (-16, -12, -8, -4, 0)], ["1e-16", "1e-12", "1e-8", "1e-4", "1"])
+    ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("fingerprints in the run's order")
     ax.set_ylabel("max rel. difference")
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)

@@ -106,7 +106,7 @@ def residual_panels(panels: list, sources: list):
 def error_by_source(rows: list):
     """``rows``: [(source, n, LOSO median, (lo, hi) bootstrap, before LOSO median or None)]: the
     median |error| with the source left out of the fit, its 95% interval, and the old model's."""
-    fig, ax = new(5.0, 0.42 * len(rows) + 0.9)
+    fig, ax = new(3.9, 0.42 * len(rows) + 0.9)   # + the source names at the left: <= 5 in in all
     ys = list(range(len(rows)))[::-1]
     for y, (s, n, med, (lo, hi), before) in zip(ys, rows):
         ax.plot([100 * lo, 100 * hi], [y, y], color="#1b6ca8", lw=2)
