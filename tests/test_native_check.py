@@ -52,3 +52,13 @@ def test_mesh_check_names_the_wrong_groups():
         pass
     result = check.fsdp_tp_mesh(tp_slowest, nothing)
     assert not result and "tp group is [0, 2]" in result.message and "tp varies fastest" in result.message
+
+
+def test_mesh_judge_alone_rejects_wrong_dimensions_and_hints_escalate():
+    """The judge runs no student code (it gets plain data); hints come one at a time on request."""
+    from labkit.check import hints
+    result = check.FSDP_TP_MESH.judge({"names": ["tp", "dp", "pp"]}, world_size=4, tp=2)
+    assert not result and "expected 'dp' and 'tp'" in result.message
+    hints.reset("tp-plan")
+    first, second = check.hint("tp-plan"), check.hint("tp-plan")
+    assert first.startswith("[hint 1 of 4] tp-plan") and second.startswith("[hint 2 of 4] tp-plan")

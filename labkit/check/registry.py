@@ -1,9 +1,9 @@
 """Which check module holds which exercise: the grader looks exercises up here by id.
 
 Each lab's check module lists its exercises as :class:`~labkit.check.spec.Spec` objects in
-``SPECS`` ({exercise id: Spec}). Ids are unique across the course (a test checks it). A lab
-whose checks are not Specs yet (``IN_PROCESS``) is graded the older way, by running its check
-cell inside the sandbox after the answers (``labkit.notebooks.grader``): its printed ``[check]``
+``SPECS`` ({exercise id: Spec}). Ids are unique across the course (a test checks it). Every
+lab's exercises are Specs now; a lab listed in ``IN_PROCESS`` (none) would be graded the older
+way, by running its check cell inside the sandbox after the answers (``labkit.notebooks.grader``): its printed ``[check]``
 lines are the verdict, and its exercises are reported as ``"checked": "in-process"``.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ import importlib
 MODULES = ("labkit.check.example", "labkit.check.collectives", "labkit.check.data_parallel",
            "labkit.check.tensor_parallel", "labkit.check.sequence_parallel", "labkit.check.pipeline",
            "labkit.check.context_parallel", "labkit.check.expert_parallel", "labkit.check.composition",
-           "labkit.check.memory_knobs", "labkit.check.debugging")
+           "labkit.check.memory_knobs", "labkit.check.debugging", "labkit.check.native")
 
 # lab (the master's name without .ipynb) -> its check module, for the labs graded in-process
-IN_PROCESS = {"pytorch-native-lab": "labkit.check.native"}
+IN_PROCESS: dict = {}
 
 
 def all_specs(modules=MODULES) -> dict:
