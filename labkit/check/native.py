@@ -95,7 +95,8 @@ def _compare(name, out, tp, sequence_parallel, zero_stage, dp, expected_bytes, e
     for n, g in ref_grads.items():
         if n not in grads:
             return report(name, False, f"no gradient for {n}", "every parameter must take part in the step" + more)
-        diff = float((grads[n].double() - g).abs().max()) if tuple(grads[n].shape) == tuple(g.shape) else float("inf")
+        same = tuple(grads[n].shape) == tuple(g.shape)
+        diff = float((grads[n].double() - g).abs().max()) if same else float("inf")
         if diff > ATOL:
             return report(name, False, f"gradient of {n}: max difference {diff:.3g} from the dense model's",
                           "look at the module this parameter belongs to" + more)

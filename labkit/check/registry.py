@@ -3,8 +3,8 @@
 Each lab's check module lists its exercises as :class:`~labkit.check.spec.Spec` objects in
 ``SPECS`` ({exercise id: Spec}). Ids are unique across the course (a test checks it). Every
 lab's exercises are Specs now; a lab listed in ``IN_PROCESS`` (none) would be graded the older
-way, by running its check cell inside the sandbox after the answers (``labkit.notebooks.grader``): its printed ``[check]``
-lines are the verdict, and its exercises are reported as ``"checked": "in-process"``.
+way, by running its check cell inside the sandbox after the answers (``labkit.notebooks.grader``):
+its printed ``[check]`` lines are the verdict, and its exercises are reported as ``"checked": "in-process"``.
 """
 from __future__ import annotations
 
