@@ -247,9 +247,13 @@ def _watch_forkserver_parent(poll: float = 0.2) -> None:
     """In the forkserver: exit when the caller that started it is gone (its parent changes). Its
     ranks then follow (their pipe; on Linux also PR_SET_PDEATHSIG). multiprocessing's own test
     (EOF on its "alive" pipe) fails here: every forked rank holds a copy of that pipe's write end."""
+    import atexit
     import threading
     import time
     caller = os.getppid()
+    # the forkserver also ends by itself once its last rank is gone (EOF on its "alive" pipe, a
+    # SystemExit): after a killed caller that can come before the watchdog's next poll
+    atexit.register(lambda: os.getppid() != caller and _remove_listener())
 
     def watch():
         while os.getppid() == caller:

@@ -165,8 +165,11 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
     expect = {"cell": 0, "case": 0}
     try:
-        proc.stdin.write(json.dumps(job).encode())
-        proc.stdin.close()
+        try:
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+        except BrokenPipeError:                   # it died before reading its job: said below
+            pass
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
         buf, total, deadline, phase = b"", 0, time.monotonic() + startup + timeout, "starting and the set-up cells"
