@@ -417,3 +417,28 @@ def test_sandbox_commands_bind_only_what_a_submission_needs(tmp_path):
     for flag in ("--network", "none", "--read-only", "--cap-drop", "ALL", "--pids-limit", "labkit:grade"):
         assert flag in docker
     assert Limits().memory_bytes == 6 * 2**30 and Sandbox("none").argv(tmp_path, "job")[1:3] == ["-P", "-s"]
+
+
+def test_one_jobs_clean_up_never_kills_another_jobs_runner_while_it_starts(tmp_path):
+    """Grading threads share one process: a child between fork and registration is not a stray.
+    (CI once saw a runner die with "exit code 0" and no events: another job's _reap had killed and
+    reaped it while its Popen was still starting it.)"""
+    import threading
+    import time
+
+    from labkit.notebooks import sandbox
+    before = sandbox._children()
+    mark = tmp_path / "ran"
+    started = []
+    spawn = threading.Thread(target=lambda: started.append(sandbox._spawn(
+        ["sh", "-c", f"echo ran > {mark}"], preexec_fn=lambda: time.sleep(1.0))))   # fork, then 1 s before exec
+    spawn.start()
+    time.sleep(0.3)                          # the child exists now and is not registered yet
+    sandbox._reap(before)                    # another job ending: kills what appeared since its start
+    spawn.join()
+    proc = started[0]
+    try:
+        assert proc.wait(timeout=10) == 0
+        assert mark.read_text() == "ran\n", "the starting child was killed as a stray"
+    finally:
+        sandbox._LIVE.discard(proc.pid)

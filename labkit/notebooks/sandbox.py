@@ -29,13 +29,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 KINDS = ("bwrap", "docker", "none")
-_LIVE: set[int] = set()                    # runners of jobs in progress (several threads may grade)
+_LIVE: set[int] = set()                    # children in use: runners of jobs in progress, docker rm
+# Several threads may grade. A child is started and put in _LIVE under this lock, and _reap picks its
+# strays under it: between fork and registration, another thread's _reap would take a new runner for
+# a stray, kill it and reap it, and its Popen would then read "exit code 0" (the status was taken).
+_SPAWN = threading.Lock()
 INSIDE = "/opt/labkit"                     # where labkit/ and data/ appear in the sandbox
 # -P: the working folder (the student's) never goes on sys.path; labkit comes from PYTHONPATH, which
 # the forkserver of the check's ranks inherits too (Python 3.11's forkserver ignores the parent's sys.path)
@@ -158,10 +163,9 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     folder.chmod(0o777)                       # the sandbox's user writes here
     before = _children()
     t0 = time.monotonic()
-    proc = subprocess.Popen(sandbox.argv(folder, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
-                            preexec_fn=sandbox.limits.apply, env=_env(sandbox))
-    _LIVE.add(proc.pid)
+    proc = _spawn(sandbox.argv(folder, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                  stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
+                  preexec_fn=sandbox.limits.apply, env=_env(sandbox))
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
     expect = {"cell": 0, "case": 0}
     try:
@@ -230,7 +234,7 @@ def _env(sandbox: Sandbox) -> dict:
 
 def _kill(sandbox: Sandbox, proc, name: str) -> None:
     if sandbox.kind == "docker":
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        _run(["docker", "rm", "-f", name], timeout=60)
     try:
         os.killpg(proc.pid, signal.SIGKILL)   # its session: bwrap and the namespace's init with it
     except (ProcessLookupError, PermissionError):
@@ -243,6 +247,26 @@ def _kill(sandbox: Sandbox, proc, name: str) -> None:
     for stream in (proc.stdin, proc.stdout):
         if stream and not stream.closed:
             stream.close()
+
+
+def _spawn(argv: list[str], **kw) -> subprocess.Popen:
+    """Start a child and register it in ``_LIVE`` (the caller discards it once it is reaped)."""
+    with _SPAWN:
+        proc = subprocess.Popen(argv, **kw)
+        _LIVE.add(proc.pid)
+    return proc
+
+
+def _run(argv: list[str], timeout: float) -> int:
+    """``subprocess.run`` for the grader's own helpers (``docker rm``), safe from other jobs' _reap."""
+    proc = _spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+    finally:
+        _LIVE.discard(proc.pid)
 
 
 def _children() -> set[int]:
@@ -263,15 +287,16 @@ def _reap(before: set[int]) -> None:
     """Kill and reap children that appeared since ``before``: daemons a submission left behind,
     re-parented to this process (it is a subreaper: :func:`become_subreaper`)."""
     for _ in range(3):
-        strays = _children() - before - _LIVE          # never another job's runner
+        with _SPAWN:                                   # no child is between fork and _LIVE now
+            strays = _children() - before - _LIVE      # never another job's runner
+            for pid in strays:
+                for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                    try:
+                        kill()
+                    except (ProcessLookupError, PermissionError):
+                        pass
         if not strays:
             return
-        for pid in strays:
-            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
-                    kill()
-                except (ProcessLookupError, PermissionError):
-                    pass
         for pid in strays:
             try:
                 os.waitpid(pid, 0)
