@@ -426,19 +426,19 @@ def test_one_jobs_clean_up_never_kills_another_jobs_runner_while_it_starts(tmp_p
     import threading
     import time
 
-    from labkit.notebooks import sandbox
-    before = sandbox._children()
+    from labkit.notebooks import children
+    before = children.children()
     mark = tmp_path / "ran"
     started = []
-    spawn = threading.Thread(target=lambda: started.append(sandbox._spawn(
+    spawn = threading.Thread(target=lambda: started.append(children.spawn(
         ["sh", "-c", f"echo ran > {mark}"], preexec_fn=lambda: time.sleep(1.0))))   # fork, then 1 s before exec
     spawn.start()
     time.sleep(0.3)                          # the child exists now and is not registered yet
-    sandbox._reap(before)                    # another job ending: kills what appeared since its start
+    children.reap(before)                    # another job ending: kills what appeared since its start
     spawn.join()
     proc = started[0]
     try:
         assert proc.wait(timeout=10) == 0
         assert mark.read_text() == "ran\n", "the starting child was killed as a stray"
     finally:
-        sandbox._LIVE.discard(proc.pid)
+        children.LIVE.discard(proc.pid)

@@ -23,7 +23,7 @@ from torch.testing import assert_close
 from labkit.config import train_config
 from labkit.native import NativeOptions
 from labkit.native.bytes import labkit_calc_bytes, native_step_bytes
-from labkit.native.compare import LAYOUTS, PP, Layout, run_layouts
+from labkit.native.compare import LAYOUTS, LLAMA, PP, Layout, run_layouts
 
 MODEL = dict(hidden_size=32, num_attention_heads=4, seq_length=16)
 GRAD = dict(rtol=1e-12, atol=1e-12)
@@ -35,6 +35,12 @@ def small(name: str) -> Layout:
     lay = BY_NAME[name]
     return replace(lay, config={**MODEL, **lay.config},
                    labkit=None if lay.labkit is None else {**MODEL, **lay.labkit})
+
+
+def llama(name: str) -> Layout:
+    """Layout ``name`` with the Llama family's model (RMSNorm, SwiGLU, RoPE, 8 heads in 2 K/V groups)."""
+    lay = small(name)
+    return replace(lay, name=f"Llama: {name}", config={**lay.config, **LLAMA, **BY_NAME[name].config}, labkit=None)
 
 
 def assert_same_training(run: dict, ref: dict, what: str) -> None:
@@ -139,7 +145,11 @@ def test_pipelining_schedules_train_like_labkit_and_one_device():
     names = ("PP 1F1B", "PP Interleaved1F1B", "PP InterleavedZeroBubble", "PP ZBVZeroBubble", "PP DualPipeV")
     lays = [small(n) for n in names]
     runs = run_layouts(lays[:2], steps=5)
-    runs.update(run_layouts(lays[2:], steps=5, implementations=("native",)))
+    zbv_llama = llama("PP ZBVZeroBubble")                  # the V with RoPE, SwiGLU and GQA: as one device
+    runs.update(run_layouts([*lays[2:], zbv_llama], steps=5, implementations=("native",)))
+    r = runs.pop(zbv_llama.name)
+    assert_same_training(r["native"], r["reference"], f"{zbv_llama.name} vs reference")
+    check_native_bytes(zbv_llama, r["native"])
     for lay in lays:
         r = runs[lay.name]
         assert_same_training(r["native"], r["reference"], f"{lay.name} vs reference")
@@ -155,7 +165,7 @@ def test_pipelining_schedules_train_like_labkit_and_one_device():
 
 
 def test_fsdp_x_tp_and_hsdp_on_four_ranks():
-    lays = [small("FSDP x TP (2-D)"), small("HSDP 2 x 2")]
+    lays = [small("FSDP x TP (2-D)"), small("HSDP 2 x 2"), llama("FSDP x TP (2-D)")]
     runs = run_layouts(lays, steps=5, implementations=("native",))
     for lay in lays:
         assert_same_training(runs[lay.name]["native"], runs[lay.name]["reference"], lay.name)

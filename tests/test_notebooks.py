@@ -52,6 +52,12 @@ def test_every_lab_is_the_student_copy_of_its_master(master):
     problems = notebooks.validate(nbformat.read(lab, as_version=4), kind="student", master=m)
     assert not problems, (f"{lab} is not the student copy of {master}: " + "; ".join(problems) +
                           f". Regenerate: python -m labkit.notebooks student-copy {master} {lab} --refresh")
+    # each says which copy it is: the master that it holds the solutions, the student copy that
+    # its checks fail until the exercises are written
+    from labkit.notebooks.student import MASTER_BANNER, STUDENT_BANNER
+    intro, lab_intro = m.cells[0].source, nbformat.read(lab, as_version=4).cells[0].source
+    assert MASTER_BANNER in intro and STUDENT_BANNER not in intro, master.name
+    assert STUDENT_BANNER in lab_intro and MASTER_BANNER not in lab_intro, lab.name
 
 
 def test_every_lab_has_a_master_once_solutions_exist():

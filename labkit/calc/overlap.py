@@ -45,10 +45,6 @@ DEEPSPEED_PIPE = OverlapConfig(async_tp_backward=False, blocking_p2p=True)
 # what recent performance recipes turn on (Megatron-LM README, "Performance Benchmarking")
 MEGATRON_TUNED = OverlapConfig(overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=True)
 
-# Fraction of a TP collective still exposed under --tp-comm-overlap (TE splits each GEMM in
-# chunks and pipelines them with the collective; the first chunk's transfer cannot hide).
-# An assumption, not fitted: 1/4 for TE's default of 4 chunks... see perf.py.
-TP_OVERLAP_EXPOSED = 0.25
 # Megatron DDP bucket size: max(40M, 1M * DP) parameters (distributed/distributed_data_parallel.py);
 # the last bucket's reduction cannot hide behind any backward compute.
 DDP_BUCKET_PARAMS = 40_000_000

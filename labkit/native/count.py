@@ -68,17 +68,24 @@ def textbook_bytes(op: str, n: int, full: float) -> float:
 class ByteCounter(TorchDispatchMode):
     """``with ByteCounter(axes) as bc: step()``; then ``bc.table()`` -> {axis: {op: {"calls",
     "bytes"}}} for this rank. ``axes``: {axis name: ProcessGroup} (e.g. from :func:`mesh_groups`);
-    a group not named there is counted under its ranks, e.g. "ranks 0,1"."""
+    a group is named by its ranks when it is not one of these objects (DTensor caches by mesh
+    equality: a second mesh of the same shape in one process runs some collectives on the first
+    mesh's groups, other objects over the same ranks); else it is counted as, e.g., "ranks 0,1"."""
 
     def __init__(self, axes: dict):
         super().__init__()
         self.supports_higher_order_operators = True
-        self.axes = {}
+        self.axes, self.by_ranks = {}, {}
         for axis, pg in axes.items():
             self.axes.setdefault(pg.group_name, axis)   # first name wins (dp before dp_cp ...)
+            self.by_ranks.setdefault(tuple(dist.get_process_group_ranks(pg)), axis)
         self.calls = defaultdict(lambda: defaultdict(int))
         self.bytes = defaultdict(lambda: defaultdict(float))
         self.log: list[tuple[str, str, float]] = []    # (axis, op, bytes) in the order issued
+
+    def _by_ranks(self, pg) -> str:
+        ranks = tuple(dist.get_process_group_ranks(pg))
+        return self.by_ranks.get(ranks) or "ranks " + ",".join(map(str, ranks))
 
     def _group(self, where, args):
         if isinstance(where, tuple):                    # functional op: the group's name
@@ -103,7 +110,7 @@ class ByteCounter(TorchDispatchMode):
             full = _nbytes(args[i]) * (n if side == "gathered" else 1)   # the full tensor
             if op == "broadcast" and func is _c10d.broadcast_.default and args[2] != pg.rank():
                 full = 0                                # only the root sends
-            axis = self.axes.get(pg.group_name) or "ranks " + ",".join(map(str, dist.get_process_group_ranks(pg)))
+            axis = self.axes.get(pg.group_name) or self._by_ranks(pg)
             sent = textbook_bytes(op, n, full)
             self.calls[axis][op] += 1
             self.bytes[axis][op] += sent

@@ -93,7 +93,8 @@ def _validate(args) -> int:
 def options(args):
     """Grader options from the flags, or (None, why not) when the sandbox asked for cannot run."""
     from .grader import Options
-    from .sandbox import Limits, Sandbox, become_subreaper
+    from .children import become_subreaper
+    from .sandbox import Limits, Sandbox
     if args.timeout <= 0:
         return None, "--timeout must be > 0 seconds"
     if args.sandbox == "none" and not args.unsafe_no_sandbox:

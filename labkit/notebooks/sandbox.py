@@ -29,18 +29,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .children import LIVE, children, reap, run, spawn
+
 KINDS = ("bwrap", "docker", "none")
-_LIVE: set[int] = set()                    # children in use: runners of jobs in progress, docker rm
-# Several threads may grade. A child is started and put in _LIVE under this lock, and _reap picks its
-# strays under it: between fork and registration, another thread's _reap would take a new runner for
-# a stray, kill it and reap it, and its Popen would then read "exit code 0" (the status was taken).
-_SPAWN = threading.Lock()
 INSIDE = "/opt/labkit"                     # where labkit/ and data/ appear in the sandbox
 # -P: the working folder (the student's) never goes on sys.path; labkit comes from PYTHONPATH, which
 # the forkserver of the check's ranks inherits too (Python 3.11's forkserver ignores the parent's sys.path)
@@ -161,11 +157,11 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     when it ends."""
     out, name = Outcome(), f"labkit-grade-{uuid.uuid4().hex[:12]}"
     folder.chmod(0o777)                       # the sandbox's user writes here
-    before = _children()
+    before = children()
     t0 = time.monotonic()
-    proc = _spawn(sandbox.argv(folder, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                  stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
-                  preexec_fn=sandbox.limits.apply, env=_env(sandbox))
+    proc = spawn(sandbox.argv(folder, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
+                 preexec_fn=sandbox.limits.apply, env=_env(sandbox))
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
     expect = {"cell": 0, "case": 0}
     try:
@@ -213,8 +209,8 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
                 break
     finally:
         _kill(sandbox, proc, name)
-        _LIVE.discard(proc.pid)
-        _reap(before)
+        LIVE.discard(proc.pid)
+        reap(before)
         out.seconds = time.monotonic() - t0
     if out.state == "ok" and not (out.events and out.events[-1].get("event") == "done"):
         code = proc.returncode
@@ -234,7 +230,7 @@ def _env(sandbox: Sandbox) -> dict:
 
 def _kill(sandbox: Sandbox, proc, name: str) -> None:
     if sandbox.kind == "docker":
-        _run(["docker", "rm", "-f", name], timeout=60)
+        run(["docker", "rm", "-f", name], timeout=60)
     try:
         os.killpg(proc.pid, signal.SIGKILL)   # its session: bwrap and the namespace's init with it
     except (ProcessLookupError, PermissionError):
@@ -247,67 +243,3 @@ def _kill(sandbox: Sandbox, proc, name: str) -> None:
     for stream in (proc.stdin, proc.stdout):
         if stream and not stream.closed:
             stream.close()
-
-
-def _spawn(argv: list[str], **kw) -> subprocess.Popen:
-    """Start a child and register it in ``_LIVE`` (the caller discards it once it is reaped)."""
-    with _SPAWN:
-        proc = subprocess.Popen(argv, **kw)
-        _LIVE.add(proc.pid)
-    return proc
-
-
-def _run(argv: list[str], timeout: float) -> int:
-    """``subprocess.run`` for the grader's own helpers (``docker rm``), safe from other jobs' _reap."""
-    proc = _spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-    finally:
-        _LIVE.discard(proc.pid)
-
-
-def _children() -> set[int]:
-    """This process's children now (by reading /proc: no process is started to find them)."""
-    me, found = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-                found.add(int(entry))
-    return found
-
-
-def _reap(before: set[int]) -> None:
-    """Kill and reap children that appeared since ``before``: daemons a submission left behind,
-    re-parented to this process (it is a subreaper: :func:`become_subreaper`)."""
-    for _ in range(3):
-        with _SPAWN:                                   # no child is between fork and _LIVE now
-            strays = _children() - before - _LIVE      # never another job's runner
-            for pid in strays:
-                for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                    try:
-                        kill()
-                    except (ProcessLookupError, PermissionError):
-                        pass
-        if not strays:
-            return
-        for pid in strays:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-
-
-def become_subreaper() -> bool:
-    """Make orphans of our descendants our children (Linux prctl PR_SET_CHILD_SUBREAPER)."""
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False

@@ -12,6 +12,10 @@ from pathlib import Path
 from .schema import is_solution
 
 IGNORED_CELL_METADATA = ("execution", "collapsed", "scrolled")   # set by running or viewing
+# The first sentence of a lab's introduction says which copy the reader holds; the student copy's
+# is written from the master's.
+MASTER_BANNER = "> **This page is the lab's master, with its solutions: every check below passes.**"
+STUDENT_BANNER = "> **This page is the lab's student copy: every check below fails until you write its exercise.**"
 
 
 def make_student_copy(nb):
@@ -24,6 +28,8 @@ def make_student_copy(nb):
     for c in nb.cells:
         if c.cell_type == "code":
             c.outputs, c.execution_count = [], None
+        elif c.cell_type == "markdown" and MASTER_BANNER in c.source:
+            c.source = c.source.replace(MASTER_BANNER, STUDENT_BANNER)
     nb.metadata.pop("widgets", None)
     nb.metadata["labkit"] = {"kind": "student"}
     return nb, dropped
