@@ -68,9 +68,9 @@ def textbook_bytes(op: str, n: int, full: float) -> float:
 class ByteCounter(TorchDispatchMode):
     """``with ByteCounter(axes) as bc: step()``; then ``bc.table()`` -> {axis: {op: {"calls",
     "bytes"}}} for this rank. ``axes``: {axis name: ProcessGroup} (e.g. from :func:`mesh_groups`);
-    a group is named by its ranks when it is not one of these objects (DTensor caches by mesh
-    equality: a second mesh of the same shape in one process runs some collectives on the first
-    mesh's groups, other objects over the same ranks); else it is counted as, e.g., "ranks 0,1"."""
+    a group that is none of these objects takes the name of the axis with its ranks (DTensor caches
+    by mesh equality: a second mesh of the same shape in one process runs some collectives on the
+    first mesh's groups, other objects over the same ranks), else it is counted as "ranks 0,1"."""
 
     def __init__(self, axes: dict):
         super().__init__()
