@@ -421,7 +421,7 @@ def test_sandbox_commands_bind_only_what_a_submission_needs(tmp_path):
 
 def test_one_jobs_clean_up_never_kills_another_jobs_runner_while_it_starts(tmp_path):
     """Grading threads share one process: a child between fork and registration is not a stray.
-    (CI once saw a runner die with "exit code 0" and no events: another job's _reap had killed and
+    (CI once saw a runner die with "exit code 0" and no events: another job's clean-up had killed and
     reaped it while its Popen was still starting it.)"""
     import threading
     import time

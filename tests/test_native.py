@@ -39,8 +39,8 @@ def small(name: str) -> Layout:
 
 def llama(name: str) -> Layout:
     """Layout ``name`` with the Llama family's model (RMSNorm, SwiGLU, RoPE, 8 heads in 2 K/V groups)."""
-    lay = small(name)
-    return replace(lay, name=f"Llama: {name}", config={**lay.config, **LLAMA, **BY_NAME[name].config}, labkit=None)
+    lay = BY_NAME[name]                                   # its own fields win (PP's 4 layers)
+    return replace(lay, name=f"Llama: {name}", config={**MODEL, **LLAMA, **lay.config}, labkit=None)
 
 
 def assert_same_training(run: dict, ref: dict, what: str) -> None:
