@@ -113,3 +113,21 @@ def test_fp16_runs_counted_at_16_bytes_per_parameter():
     for chapter in ("pipeline-parallel", "ptd-p"):
         text = _markdown(chapter)
         assert "16 bytes" in text and "18 bytes per parameter" not in text
+
+
+def test_interleaved_messages_per_rank_first_last_and_middle():
+    """Per microbatch, pipeline rank i sends one message per chunk boundary it feeds: under 1F1B
+    [1, 2, ..., 2, 1], interleaved with v chunks 2v - 1 on the first and last ranks and 2v on the
+    others (labkit.calc.pp_step_bytes); the chapter says both, never "every rank 2v - 1"."""
+    from labkit.calc.comm import pp_step_bytes
+
+    def messages(p, v):
+        n = 2 * 3 * 5 * 4       # s b h bytes of one message; m = 7 microbatches
+        return [sum(pp_step_bytes(2, 3, 5, 7, p, i, 4, v).values()) / (7 * n) for i in range(p)]
+    assert messages(4, 1) == [1, 2, 2, 1] and messages(4, 2) == [3, 4, 4, 3]
+    for p in (2, 3, 5):
+        for v in (1, 2, 3):
+            assert messages(p, v) == [2 * v - 1] + [2 * v] * (p - 2) + [2 * v - 1]
+    text = _markdown("interleaved-pipeline")
+    assert "[3, 4, 4, 3]" in text and "$2v$\ninstead of 2" in text
+    assert not re.search(r"(every|each) rank sends \$?2v ?- ?1", text, re.I)
