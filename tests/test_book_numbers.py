@@ -1,6 +1,6 @@
 """The numbers the chapters state in prose agree with the code that computes them (issue 24):
 the ring's bytes in "Context parallelism", ZB-H1's bubble in "Interleaved pipeline", the --fp16
-runs' 16 bytes per parameter in "Pipeline parallelism" and "PTD-P", and the 32 K planner claim of
+runs' 20 bytes per parameter in "Pipeline parallelism" and "PTD-P", and the 32 K planner claim of
 "Context parallelism" under one attention assumption. Each test reads the chapter's own text (or
 stored output) and recomputes the number with labkit: a chapter that drifts fails here."""
 import json
@@ -94,17 +94,18 @@ def test_zb_h1_bubble_as_the_interleaved_chapter_states(p, m, f, b, w):
         assert sim.bubble_fraction == pytest.approx((p - 1) / (3 * m))
 
 
-def test_fp16_runs_counted_at_16_bytes_per_parameter():
-    """The 2xH200 runs are --fp16: the pipeline chapter predicts them with fp16 main gradients
-    (grads = params = 2 bytes each), and neither chapter calls them 18 bytes per parameter."""
+def test_fp16_runs_counted_at_20_bytes_per_parameter():
+    """The 2xH200 runs are --fp16: the pipeline chapter predicts them with Megatron's fp16 bytes,
+    fp16 main gradients (grads = params = 2 bytes each) and an fp32 copy of them beside the fp32
+    masters and moments (optimizer 16 bytes), 20 in all; neither chapter calls them 18 or 16."""
     import labkit.calc as calc
     from labkit.experiments.report import PRECISION
     fp16 = PRECISION["fp16"]
-    assert fp16.bytes_param + fp16.bytes_grad + fp16.bytes_optim == 16
+    assert fp16 is calc.MEGATRON_FP16 and fp16.bytes_per_param == 20
     par = calc.ParallelConfig(world_size=2, pipeline_model_parallel_size=2, micro_batch_size=64,
                               global_batch_size=64)
     for row in calc.memory_per_stage(calc.model("gpt2-774m"), par, fp16, attention="flash"):
-        assert row["grads"] == row["params"]
+        assert row["grads"] == row["params"] and row["optimizer"] == 8 * row["params"]
     out = _output_of("pipeline-parallel", 'fp16 = PRECISION["fp16"]')
     stages = [line.split() for line in out.splitlines()
               if line.split()[:1] in (["0"], ["1"]) and len(line.split()) == 7]  # stage params grads
@@ -112,7 +113,7 @@ def test_fp16_runs_counted_at_16_bytes_per_parameter():
     assert all(cols[1] == cols[2] for cols in stages), stages
     for chapter in ("pipeline-parallel", "ptd-p"):
         text = _markdown(chapter)
-        assert "16 bytes" in text and "18 bytes per parameter" not in text
+        assert "20 bytes" in text and "18 bytes per parameter" not in text and "16 bytes" not in text
 
 
 def test_interleaved_messages_per_rank_first_last_and_middle():
@@ -131,3 +132,26 @@ def test_interleaved_messages_per_rank_first_last_and_middle():
     text = _markdown("interleaved-pipeline")
     assert "[3, 4, 4, 3]" in text and "$2v$\ninstead of 2" in text
     assert not re.search(r"(every|each) rank sends \$?2v ?- ?1", text, re.I)
+
+
+def test_planning_ring_latency_at_512_and_1024_ranks():
+    """NCCL's ring latency the planning chapter quotes for an FSDP all-gather: 512 ranks on 64 nodes
+    and 1,024 on 128, by labkit's own nccl_ring_latency (the inter-node steps included)."""
+    from labkit.calc.hardware import NCCL_BASE_US, NCCL_NET_STEP_US, NCCL_NVLINK_STEP_US, nccl_ring_latency
+    for ranks, nodes, quoted in ((512, 64, "2.41 ms"), (1024, 128, "4.83 ms")):
+        got = nccl_ring_latency("all_gather", ranks, nodes)
+        by_hand = NCCL_BASE_US + (ranks - nodes) * NCCL_NVLINK_STEP_US + (nodes - 1) * NCCL_NET_STEP_US
+        assert got == pytest.approx(by_hand * 1e-6)
+        assert f"{got * 1e3:.2f} ms" == quoted
+        assert quoted in _markdown("planning")
+    assert "1.7 ms" not in _markdown("planning")
+
+
+def test_planning_leads_with_the_held_out_error():
+    """Only the frozen held-out set is out of sample: the chapter quotes it first, labels
+    leave-one-source-out "constants held out, design not", and their ratio is about 2.5."""
+    text = _markdown("planning")
+    headline = text[text.index("**The headline.**"):]
+    assert headline.index("17.5%") < headline.index("6.8%")
+    assert "constants held out, design not" in text and "three\ntimes" not in text
+    assert "about 2.5\ntimes" in text and 2.4 < 17.5 / 6.8 < 2.6 and 2.4 < 20.3 / 8.2 < 2.6
