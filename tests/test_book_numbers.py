@@ -155,3 +155,32 @@ def test_planning_leads_with_the_held_out_error():
     assert headline.index("17.5%") < headline.index("6.8%")
     assert "constants held out, design not" in text and "three\ntimes" not in text
     assert "about 2.5\ntimes" in text and 2.4 < 17.5 / 6.8 < 2.6 and 2.4 < 20.3 / 8.2 < 2.6
+
+
+def test_h200_memory_gaps_as_the_chapters_state_them():
+    """Measured minus predicted memory per GPU of the 2xH200 --fp16 runs (Megatron's 20 B/param),
+    as the bridge chapter prints and states them, the pipeline chapter's GPU 0 and troubleshooting's
+    TP 2 runs: recomputed here from the data and labkit.experiments.report."""
+    import math
+
+    import pandas as pd
+
+    import labkit.calc as calc
+    from labkit.experiments.catalogue import CATALOGUE
+    from labkit.experiments.report import PRECISION, full_size_prediction
+    gap = {e.id: max(e.mem_gib) - full_size_prediction(e)["calc GiB/GPU"]
+           for e in CATALOGUE.values() if e.mem_gib and not e.oom}
+    h200 = [g for i, g in gap.items() if i.startswith("train-")]
+    everything = list(gap.values())
+    printed = f"2x H200: measured minus predicted memory {min(h200):.1f} to {max(h200):.1f} GiB per GPU"
+    assert printed in _output_of("megatron-bridge", "measured minus predicted memory")
+    assert f"by the {math.floor(min(everything))} to {round(max(everything))} GiB" in _markdown("megatron-bridge")
+    tp2 = [gap["train-tp2-gpt2-large-2gpu"], gap["train-sp2-gpt2-large-2gpu"]]
+    assert all(abs(g - 5.4) < 0.1 for g in tp2), tp2          # troubleshooting: "about 5.4 GiB above"
+    assert "about 5.4 GiB above the runs' own 20 bytes" in (BOOK / "troubleshooting.md").read_text()
+    runs = pd.read_csv(BOOK.parent / "data" / "h200x2_gpt2large_strategies.csv").set_index("strategy")
+    par = calc.ParallelConfig(world_size=2, pipeline_model_parallel_size=2, micro_batch_size=64,
+                              global_batch_size=64)
+    first = calc.memory_per_stage(calc.model("gpt2-774m"), par, PRECISION["fp16"], attention="flash")[0]
+    gpu0 = runs.loc["PP2", "mem_gpu0_mib"] / 1024 - first["total"] / 2**30
+    assert f"GPU 0 within {gpu0:.1f} GiB" in _markdown("pipeline-parallel")

@@ -31,7 +31,7 @@ from .catalogue import CATALOGUE, MODELS, Experiment
 # model_param.main_grad.float()` (core/optimizer/optimizer.py:1097): the same memory under bf16, a
 # copy under fp16, held until the next zero_grad. So --bf16 runs hold 2 + 4 + 12 = 18 B per
 # parameter and --fp16 runs (the H200 runs) 2 + 2 + 4 + 12 = 20 B (Megatron's own table,
-# docs/user-guide/features/dist_optimizer.md); labkit's --fp16 makes no copy (calc.LABKIT_FP16, 16 B).
+# docs/user-guide/features/dist_optimizer.md); labkit's --fp16 frees its copy after the step (calc.LABKIT_FP16, 16 B).
 PRECISION = {"bf16": MIXED_18, "fp16": MEGATRON_FP16}
 
 GIB = 2 ** 30
