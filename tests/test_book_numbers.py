@@ -184,3 +184,30 @@ def test_h200_memory_gaps_as_the_chapters_state_them():
     first = calc.memory_per_stage(calc.model("gpt2-774m"), par, PRECISION["fp16"], attention="flash")[0]
     gpu0 = runs.loc["PP2", "mem_gpu0_mib"] / 1024 - first["total"] / 2**30
     assert f"GPU 0 within {gpu0:.1f} GiB" in _markdown("pipeline-parallel")
+
+
+def test_native_chapter_counts_units_from_its_own_table():
+    """pytorch-native: labkit's ZeRO-3 cuts the model in units too (embedding, layers, head), so its
+    stored byte table shows 8 all-gathers and 4 reduce-scatters per step to FSDP2's 6 and 3; the
+    prose says so (no "one flat buffer"), and answer 2 counts two all-reduces per layer."""
+    out = _output_of("pytorch-native", "byte_rows(runs, shown, STEPS)")
+    # the wide table prints in column blocks: "native" (calls in parentheses), "predicted", "labkit"
+    calls = re.findall(r"FSDP2 \(reshard after forward\)\s+dp\s+all-gather\s+[\d,]+ \((\d+)\)\s*\n"
+                       r"\s+reduce-scatter\s+[\d,]+ \((\d+)\)", out)
+    assert calls == [("6", "3"), ("8", "4")], calls           # FSDP2's, then labkit's
+    text = _markdown("pytorch-native")
+    assert "8 all-gathers and 4 reduce-scatters" in text and "to FSDP2's 6 and 3" in text
+    assert "with one flat buffer for all parameters" not in text and "three times the calls" not in text
+    assert "two\n   all-reduces of $N$ per layer" in text and "four for the 2-layer model" in text
+
+
+@pytest.mark.parametrize("c", [2, 4, 8])
+def test_cp_contiguous_split_blocks(c):
+    """Context parallelism, Q2: with the contiguous split rank r holds chunks 2r and 2r + 1 of 2c and
+    computes a causal block against every chunk at or before each: 4r + 3 blocks, two of them
+    diagonal (half), so 4r + 2 of work; rank 0 computes 3 blocks, 2 of work."""
+    for r in range(c):
+        blocks = sum(chunk + 1 for chunk in (2 * r, 2 * r + 1))
+        assert blocks == 4 * r + 3 and blocks - 1 == 4 * r + 2
+    text = _markdown("context-parallel")
+    assert "$4 \\cdot 0 + 3 = 3$ blocks, two of them diagonal, 2 of work" in text
