@@ -211,3 +211,63 @@ def test_cp_contiguous_split_blocks(c):
         assert blocks == 4 * r + 3 and blocks - 1 == 4 * r + 2
     text = _markdown("context-parallel")
     assert "$4 \\cdot 0 + 3 = 3$ blocks, two of them diagonal, 2 of work" in text
+
+
+def test_native_table_maps_zero_to_the_flags_to_flags_writes():
+    """pytorch-native's table gives Megatron's flags for ZeRO-2/3 as labkit.megatron_bridge.to_flags
+    writes them (Megatron-FSDP), not --use-torch-fsdp2, which Megatron refuses for a tied GPT, with
+    fp16 and with PP (validate_args)."""
+    from labkit.megatron_bridge.flags import ZERO_FLAGS
+    text = _markdown("pytorch-native")
+    for stage in (2, 3):
+        flags = " ".join(ZERO_FLAGS[stage][:3])
+        assert f"<code>{flags}</code> (<code>to_flags</code>" in text, flags
+    assert "<td><code>--use-torch-fsdp2</code></td>" not in text
+
+
+def test_c10d_commands_pass_no_node_rank():
+    """torchrun ignores --node-rank with --rdzv-backend c10d (it warns so): the bridge chapter's
+    c10d commands do not pass it."""
+    text = _markdown("megatron-bridge")
+    commands = re.split(r"\n(?=torchrun )", text)
+    c10d = [c.split("\n\n")[0] for c in commands if c.startswith("torchrun ") and "--rdzv-backend c10d" in c.split("\n\n")[0]]
+    assert len(c10d) >= 3 and not any("--node-rank" in c for c in c10d), c10d
+
+
+PROSE_FACTS = [   # (page, says, must not say): issue 34's facts, where only the prose carries them
+    ("when-training-goes-wrong", "a monitored barrier and two all-gathers", "(one extra\ncollective each time)"),
+    ("when-training-goes-wrong", "by default under bf16 and fp32", "Megatron checks, by default, each"),
+    ("when-training-goes-wrong", "labkit's holds 12", "A checkpoint holds 14 bytes per parameter"),
+    ("when-training-goes-wrong", "fall by $\\sqrt{10}$", "divides by about three"),
+    ("megatron-bridge", "the agent with\n  `GROUP_RANK` 0 hosts a second store", "`torchrun`'s agent of\n  node 0"),
+    ("megatron-bridge", "refuses it with `--use-torch-fsdp2` and\n  `--use-megatron-fsdp`", "Megatron-LM's example\n  scripts set it;"),
+    ("megatron-bridge", "`SRUN_CPUS_PER_TASK`", "the cores of each agent's node share"),
+    ("pytorch-native", "Sea AI Lab", "the \"cut-in-half\" DualPipe of DeepSeek-V3,"),
+    ("pytorch-native", "Megatron does otherwise: it cuts the fused QKV weight", "Megatron gives each rank\n  of a group a copy"),
+    ("llama-family", "document mask", "could use the simpler all-gather"),
+    ("memory-knobs", "in a row or\nnot", "overflows in a row it halves"),
+    ("memory-knobs", "about 2.4\ndecimal digits", "about 3 decimal digits per addition"),
+]
+
+
+@pytest.mark.parametrize("page,says,not_says", PROSE_FACTS)
+def test_round4_prose_facts(page, says, not_says):
+    text = _markdown(page)
+    assert says in text and not_says not in text
+
+
+def test_ten_times_cheaper_save_shrinks_the_interval_by_sqrt_10():
+    """Young's interval sqrt(2 delta M): a save 10x cheaper shrinks it by sqrt(10), and both the
+    time spent saving (delta / tau) and the work lost per failure (tau / 2) fall by sqrt(10)."""
+    from labkit.calc.goodput import young_interval
+    delta, mtbf = 21.0, 16 * 86400.0
+    tau, tau10 = young_interval(delta, mtbf), young_interval(delta / 10, mtbf)
+    assert tau / tau10 == pytest.approx(10 ** 0.5)
+    assert (delta / tau) / ((delta / 10) / tau10) == pytest.approx(10 ** 0.5)
+    assert f"$\\sqrt{{10}} \\approx {10 ** 0.5:.1f}$" in _markdown("when-training-goes-wrong")
+
+
+def test_glossary_gqa_and_hysteresis():
+    text = (BOOK / "glossary.md").read_text()
+    assert "all-gathers the QKV activations" in text and "(in a row or not)" in text
+    assert "16 in\n  labkit and 20 in Megatron" in text
