@@ -57,7 +57,7 @@ class TrainConfig(ArchArgs, MoEArgs):
     initial_loss_scale: float = 2.0 ** 32
     min_loss_scale: float = 1.0
     loss_scale_window: float = 1000          # clean iterations before the dynamic scale grows
-    hysteresis: int = 2                      # non-finite iterations in a row before it shrinks
+    hysteresis: int = 2                      # overflows since the last growth (not in a row) before it halves
     accumulate_allreduce_grads_in_fp32: bool = False   # fp16: fp32 main_grad (bf16: always)
     # activation recomputation (labkit.recompute)
     recompute_granularity: str | None = None   # "full" or "selective"

@@ -13,9 +13,11 @@ al. 2018, https://arxiv.org/abs/1710.03740), as labkit runs it on the CPU too:
                                   the gradients by 1/S after, so small gradients do not underflow;
                                   :class:`DynamicGradScaler` is Megatron's ``grad_scaler.py``
 
-Bytes per parameter (params + grads + optimizer): bf16 2 + 4 + 12 = 18, fp16 2 + 2 + 12 = 16,
-fp32 4 + 4 + 8 = 16; the distributed optimizer divides the 12 (or 8) by d
-(``labkit.calc.memory.zero_memory_per_rank``).
+Bytes per parameter labkit holds (params + grads + optimizer): bf16 2 + 4 + 12 = 18, fp16 2 + 2 +
+12 = 16, fp32 4 + 4 + 8 = 16; the distributed optimizer divides the 12 (or 8) by d
+(``labkit.calc.memory.zero_memory_per_rank``). Megatron's ``--fp16`` holds 20 (4 + 16/d): its
+optimizer steps on an fp32 copy of every main_grad (``labkit.calc.MEGATRON_FP16``); labkit's reads
+the fp16 main_grad and unscales into a temporary (``labkit.calc.LABKIT_FP16``).
 """
 from __future__ import annotations
 
@@ -62,9 +64,12 @@ class ConstantGradScaler:
 
 class DynamicGradScaler:
     """Megatron's dynamic loss scale (``megatron/core/optimizer/grad_scaler.py``, d98e8a64): on a
-    non-finite gradient the iteration is skipped and, after ``hysteresis`` of them in a row, the
-    scale is multiplied by ``backoff_factor`` (not below ``min_scale``); after ``growth_interval``
-    clean iterations it is multiplied by ``growth_factor`` and the hysteresis is restored."""
+    non-finite gradient the iteration is skipped and the hysteresis tracker drops by one; once
+    ``hysteresis`` overflows have happened since the last growth (not necessarily in a row: a clean
+    iteration does not restore the tracker, whatever Megatron's docstring says) the scale is
+    multiplied by ``backoff_factor`` (not below ``min_scale``), and so is it at every later overflow;
+    after ``growth_interval`` clean iterations in a row it is multiplied by ``growth_factor`` and the
+    tracker is restored to ``hysteresis``."""
 
     def __init__(self, initial_scale: float, min_scale: float, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 1000, hysteresis: int = 2):

@@ -139,6 +139,24 @@ def test_zero_memory_per_rank_by_hand():
     assert sum(z.values()) == 1000 * (6 + 12 / 8)
 
 
+@pytest.mark.parametrize("d", [1, 2, 8])
+def test_bytes_per_param_megatron_table_and_labkit(d):
+    """Megatron's own table (docs/user-guide/features/dist_optimizer.md, d98e8a64): fp16 20 and
+    4 + 16/d (its fp16 optimizer steps on an fp32 copy of main_grad), bf16 18 and 6 + 12/d, fp32 16
+    and 8 + 8/d; labkit's fp16 makes no lasting copy: 16 and 4 + 12/d."""
+    table = {c.MEGATRON_FP16: (20, 4 + 16 / d), c.MIXED_18: (18, 6 + 12 / d), c.FP32: (16, 8 + 8 / d),
+             c.LABKIT_FP16: (16, 4 + 12 / d)}
+    for prec, (plain, dist) in table.items():
+        assert prec.bytes_per_param == prec.state_bytes_per_param(d) == plain, prec.name
+        assert prec.state_bytes_per_param(d, distributed_optimizer=True) == pytest.approx(dist), prec.name
+    # memory_per_stage shards the fp32 copy with the optimizer: a 1-stage run holds the table's bytes
+    model = c.model("gpt2-774m")
+    par = c.ParallelConfig(world_size=d, use_distributed_optimizer=True)
+    (row,) = c.memory_per_stage(model, par, c.MEGATRON_FP16)
+    n = row["num_params"]
+    assert row["params"] + row["grads"] == 4 * n and row["optimizer"] == 16 * -(-n // d)
+
+
 def test_korthikanti_activations_table2():
     s, b, h, a = 2048, 1, 12288, 96
     sbh = s * b * h

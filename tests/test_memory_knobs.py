@@ -112,6 +112,24 @@ def test_loss_scale_skips_an_overflowing_iteration_as_megatron(monkeypatch):
         assert s.scale == want
 
 
+def test_hysteresis_counts_overflows_since_the_last_growth_not_in_a_row():
+    """Megatron's DynamicGradScaler.update (megatron/core/optimizer/grad_scaler.py, d98e8a64)
+    decrements the hysteresis tracker on every overflow and restores it only when the scale grows:
+    two overflows with clean iterations between them halve the scale (a scaler counting overflows
+    "in a row" would not), every later overflow halves it again, and a growth resets the count."""
+    from labkit.precision import DynamicGradScaler
+    s = DynamicGradScaler(1024.0, 1.0, growth_interval=4, hysteresis=2)
+    pattern = [True, False, False, True,      # 2 overflows, not consecutive: halve at the second
+               False, True,                   # each later overflow halves again
+               False, False, False, False,    # 4 clean: grow, hysteresis restored to 2
+               True, False, True]             # so it takes two overflows again
+    scales = []
+    for found in pattern:
+        s.update(found)
+        scales.append(s.scale)
+    assert scales == [1024, 1024, 1024, 512, 512, 256, 256, 256, 256, 512, 512, 512, 256]
+
+
 def test_skipped_iteration_leaves_the_weights():
     def worker():
         from labkit import data

@@ -104,13 +104,20 @@ def check_failed_run(run: dict) -> None:
 
 
 def test_train_cpu_sbatch_matches_one_device_and_ends_clean(cluster):
-    run = local_cluster.run_and_watch(cluster, SCRIPT, plant="slow-agent")
+    # SLURM_EXACT: srun steps get only what they ask for (srun --exact), as on clusters that set it
+    run = local_cluster.run_and_watch(cluster, SCRIPT, plant="slow-agent", env={"SLURM_EXACT": "1"})
     assert "held 3 s in the exit barrier" in run["output"], run["output"][-2000:]   # the adverse order
     losses = check_clean_run(run)
     # while it ran: two ranks on each node (which node is node 0 is the rendezvous' choice)
     assert sorted(local_cluster.ranks(run["processes"]).values()) == [[0, 1], [2, 3]], run["processes"]
+    # each rank may run on all the cores the job asked per agent (--cpus-per-task): Slurm
+    # 22.05-23.02's srun does not inherit it from sbatch, so an exact step would get one CPU and
+    # task/affinity would bind the agent and every rank it starts to it (launch.sh says it again)
+    want = int(re.search(r"#SBATCH --cpus-per-task=(\d+)", SCRIPT.read_text()).group(1))
+    cpus = {p["env"]["RANK"]: p["cpus"] for ps in run["processes"].values() for p in ps if "RANK" in p["env"]}
+    assert sorted(cpus) == ["0", "1", "2", "3"] and all(len(c) == want for c in cpus.values()), cpus
     assert run["left"] == NOTHING_LEFT
-    print(f"job {run['job_id']}: {run['wall_s']} s from sbatch to its end; losses {losses}")
+    print(f"job {run['job_id']}: {run['wall_s']} s from sbatch to its end; losses {losses}; CPUs {cpus}")
 
 
 def test_a_failing_rank_ends_the_job_and_is_named_first(cluster):

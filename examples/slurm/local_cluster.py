@@ -9,7 +9,9 @@ Linux, root (slurmd starts job steps as the job's user) and Debian's slurm-wlm (
 ``slurmd -N n1|n2``: ``AuthType=auth/none`` and ``CredType=cred/none`` (no munge key to share),
 every daemon on 127.0.0.1 at a free port of its own, its own state and spool folders; all of it is
 stopped and removed at the end. The node names need no name service: ``NodeAddr=127.0.0.1`` says
-where each node is (``launch.sh`` reads ``NodeAddr``). Process tracking is ``proctrack/linuxproc``:
+where each node is (``launch.sh`` reads ``NodeAddr``). CPUs are allocated one by one
+(``select/cons_tres``, ``CR_CPU``) and bound (``TaskPlugin=task/affinity``), as on a GPU cluster, so
+the CPUs a rank may run on are Slurm's choice (the tests read them). Process tracking is ``proctrack/linuxproc``:
 Slurm finds a step's processes by walking /proc from the step's first process (torchrun starts its
 ranks in sessions of their own, which ``proctrack/pgid`` would miss; cgroups are often unavailable
 in containers). tests/test_slurm.py runs the course's job on it; ``--record`` writes the runs the
@@ -67,13 +69,14 @@ SlurmdUser=root
 AuthType=auth/none
 CredType=cred/none
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/builtin
-SelectType=select/linear
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait={KILL_WAIT}
@@ -163,10 +166,11 @@ class Cluster:
         return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60, check=check)
 
     def submit(self, script: str | Path, *args: str, plant: str | None = None,
-               time_limit_min: int = 5) -> int:
+               time_limit_min: int = 5, env: dict | None = None) -> int:
         """``sbatch script args`` from the repository root; its output goes to this cluster's folder.
-        ``plant``: a key of PLANTS (examples/slurm/plants/), loaded by every Python process of the job."""
-        env = dict(self.env)
+        ``plant``: a key of PLANTS (examples/slurm/plants/), loaded by every Python process of the job;
+        ``env``: more variables for the job (sbatch exports the caller's environment)."""
+        env = dict(self.env, **(env or {}))
         if plant is not None:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PLANTS[plant]), env.get("PYTHONPATH")) if p)
         out = subprocess.run(["sbatch", "--parsable", f"--time={time_limit_min}",
@@ -196,7 +200,7 @@ class Cluster:
 
 
 def _read(pid: str) -> tuple[str, str, dict, list[str]] | None:
-    """(parent pid, command line, environment, slurmd log files held open) of a process."""
+    """(parent pid, command line, environment, slurmd log files held open, CPUs it may run on)."""
     try:
         proc = Path("/proc", pid)
         cmd = proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -204,9 +208,10 @@ def _read(pid: str) -> tuple[str, str, dict, list[str]] | None:
             errors="replace").split("\0") if "=" in kv)
         ppid = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]
         logs = [os.readlink(f) for f in proc.joinpath("fd").iterdir()] if cmd.startswith("slurmstepd") else []
+        cpus = sorted(os.sched_getaffinity(int(pid)))   # the CPUs it may run on (task/affinity binds)
     except (OSError, ValueError):
         return None                          # gone while we looked
-    return ppid, cmd, env, [f for f in logs if "slurmd-" in f]
+    return ppid, cmd, env, [f for f in logs if "slurmd-" in f], cpus
 
 
 def job_processes(job_id: int) -> dict[str, list[dict]]:
@@ -216,7 +221,7 @@ def job_processes(job_id: int) -> dict[str, list[dict]]:
     procs = {pid: p for pid in os.listdir("/proc") if pid.isdigit() and (p := _read(pid))}
     title = f"slurmstepd: [{job_id}."
     found = {n: [] for n in NODES}
-    for pid, (ppid, cmd, env, logs) in procs.items():
+    for pid, (ppid, cmd, env, logs, cpus) in procs.items():
         if cmd.startswith(title):
             node = next((n for n in NODES for f in logs if f.endswith(f"slurmd-{n}.log")), "?")
         elif env.get("SLURM_JOB_ID") == str(job_id):
@@ -229,7 +234,8 @@ def job_processes(job_id: int) -> dict[str, list[dict]]:
                 continue
             node = "?"
         found.setdefault(node, []).append(
-            {"pid": int(pid), "ppid": int(ppid), "cmd": cmd, "env": {k: env[k] for k in SHOWN if k in env}})
+            {"pid": int(pid), "ppid": int(ppid), "cmd": cmd, "env": {k: env[k] for k in SHOWN if k in env},
+             "cpus": cpus})
     return found
 
 
@@ -247,10 +253,10 @@ def ranks(found: dict[str, list[dict]]) -> dict[str, list[int]]:
     return {n: sorted(int(p["env"]["RANK"]) for p in ps if "RANK" in p["env"]) for n, ps in found.items()}
 
 
-def run_and_watch(cluster: Cluster, script, *args, plant=None, world: int = 4) -> dict:
+def run_and_watch(cluster: Cluster, script, *args, plant=None, world: int = 4, env=None) -> dict:
     """Submit, snapshot the job's processes while every rank is up, wait; the run as a record."""
     start = time.monotonic()
-    job_id = cluster.submit(script, *args, plant=plant)
+    job_id = cluster.submit(script, *args, plant=plant, env=env)
     seen: dict = {}
     while True:
         info = cluster.job(job_id)

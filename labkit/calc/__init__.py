@@ -26,8 +26,8 @@ from .batch import batch_math
 from .comm import (all_gather_bytes, all_to_all_bytes, alpha_beta_time, collective_time,
                    cp_attention_bytes, cp_layer_bytes, dp_step_bytes, ep_layer_bytes, pp_step_bytes,
                    reduce_scatter_bytes, ring_all_reduce_bytes, tp_layer_bytes)
-from .config import (FP32, MIXED_16, MIXED_18, PRECISIONS, ModelConfig, ParallelConfig,
-                     PrecisionConfig, num_microbatches, validate)
+from .config import (FP32, LABKIT_FP16, MEGATRON_FP16, MIXED_16, MIXED_18, PRECISIONS, ModelConfig,
+                     ParallelConfig, PrecisionConfig, num_microbatches, validate)
 from .flops import (attention_score_flops, mfu, model_flops, model_flops_per_iteration,
                     model_flops_per_token, paper_flops_per_iteration, utilization)
 from .hardware import CLUSTERS, GPUS, Cluster, GPU, cluster
@@ -43,6 +43,7 @@ from .presets import MODELS, model
 
 __all__ = [
     "ModelConfig", "ParallelConfig", "PrecisionConfig", "FP32", "MIXED_16", "MIXED_18",
+    "MEGATRON_FP16", "LABKIT_FP16",
     "PRECISIONS", "validate", "num_microbatches", "batch_math", "megatron_estimate",
     "zero_memory_per_rank", "activation_bytes_per_layer", "layer_activation_bytes",
     "memory_per_stage", "peak_memory", "layer_params", "stage_params", "total_params",

@@ -225,7 +225,19 @@ class PrecisionConfig:
 
     Mixed precision with Adam (Rajbhandari et al. 2020, Sec. 3.1): 2 (16-bit weights) + 2 (16-bit
     grads) + 12 (fp32 master weights, momentum, variance) = 16 B; Megatron keeps fp32 main
-    gradients, 2 + 4 + 12 = 18 B. The labs train in fp32: 4 + 4 + 8 = 16 B.
+    gradients under bf16, 2 + 4 + 12 = 18 B. The labs train in fp32: 4 + 4 + 8 = 16 B.
+
+    ``bytes_master_grad``: an fp32 copy of the gradient the optimizer steps on, held beside the
+    masters (and sharded with them by the distributed optimizer). Megatron's fp16 optimizer makes
+    one: ``main_param.grad = model_param.main_grad.float()`` (``megatron/core/optimizer/
+    optimizer.py`` line 1097 at d98e8a64; ``distrib_optimizer.py`` line 2792 for its shard), kept
+    until ``optimizer.zero_grad()`` at the start of the next step (``training.py`` line 3044), so
+    ``--fp16`` holds 2 + 2 + 4 + 12 = 20 B, or 4 + 16/d with the distributed optimizer (its own
+    table, ``docs/user-guide/features/dist_optimizer.md``). Counted beside the activations, as here,
+    it models reserved memory (nvidia-smi): the freed per-parameter blocks stay in PyTorch's cache,
+    mostly too small for the [s, b, h] activations; allocated memory peaks 4 B/param lower.
+    Under bf16 the main_grad is already fp32 and ``.float()`` returns it: no copy, 18 B. labkit's
+    own optimizer reads main_grad without a copy: 16 B under fp16 (:data:`LABKIT_FP16`).
     """
 
     bytes_param: int = 2
@@ -233,15 +245,34 @@ class PrecisionConfig:
     bytes_optim: int = 12
     bytes_activation: int = 2
     name: str = "bf16 + fp32 grads (Megatron)"
+    bytes_master_grad: int = 0
 
     @property
     def bytes_per_param(self) -> int:
-        return self.bytes_param + self.bytes_grad + self.bytes_optim
+        return self.bytes_param + self.bytes_grad + self.bytes_optim + self.bytes_master_grad
+
+    @property
+    def sharded_bytes(self) -> int:
+        """The bytes per parameter the distributed optimizer (ZeRO-1) divides by d: the fp32
+        master weights and moments, and the fp32 gradient copy if there is one."""
+        return self.bytes_optim + self.bytes_master_grad
+
+    def state_bytes_per_param(self, dp: int = 1, distributed_optimizer: bool = False) -> float:
+        """Model-state bytes per parameter on one rank: weight + main_grad + (optimizer [+ fp32
+        gradient copy]) / d with the distributed optimizer over ``dp`` ranks, else / 1."""
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+            raise ValueError(f"dp must be a positive integer, got {dp!r}")
+        d = dp if distributed_optimizer else 1
+        return self.bytes_param + self.bytes_grad + self.sharded_bytes / d
 
 
 MIXED_18 = PrecisionConfig()
 MIXED_16 = PrecisionConfig(2, 2, 12, 2, "bf16 + bf16 grads (ZeRO paper)")
 FP32 = PrecisionConfig(4, 4, 8, 4, "fp32 (labs)")
+# --fp16 as each implementation allocates it: Megatron 20 B (4 + 16/d), labkit 16 B (4 + 12/d).
+MEGATRON_FP16 = PrecisionConfig(2, 2, 12, 2, "fp16 + fp16 main grads + fp32 grad copy (Megatron --fp16)",
+                                bytes_master_grad=4)
+LABKIT_FP16 = PrecisionConfig(2, 2, 12, 2, "fp16 + fp16 main grads (labkit --fp16, no copy)")
 PRECISIONS = {"mixed18": MIXED_18, "mixed16": MIXED_16, "fp32": FP32}
 
 

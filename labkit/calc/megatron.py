@@ -16,7 +16,9 @@ Weights and optimizer state, per GPU of the first pipeline stage, in three stora
   world / (ETP x EP x PP) instead of DP.
 
 Bytes per parameter: 18 (bf16 weight, fp32 gradient, fp32 master weight and Adam moments), or
-6 + 12 / DP with the distributed optimizer. Megatron's own simplifications are kept (they are what
+6 + 12 / DP with the distributed optimizer, for every precision ("This estimator assumes bf16
+training", theoretical_memory_usage.py line 294): an ``--fp16`` run holds 20, or 4 + 16 / DP
+(``calc.MEGATRON_FP16``, Megatron's own table in docs/user-guide/features/dist_optimizer.md). Megatron's own simplifications are kept (they are what
 it prints): only the first pipeline stage, no linear biases besides the router's, no position
 embeddings, context parallelism ignored in the activations, the activation formula with SP +
 selective recompute ignores GQA, the one without adds 5%. labkit's fuller model (memory.py)

@@ -162,7 +162,9 @@ def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: Precisi
     validate(model, par)
     stage_zero = par.optimizer_shard_stage
     dp_cp = par.dp * par.cp
-    bp, bg, bo = precision.bytes_param, precision.bytes_grad, precision.bytes_optim
+    # "optimizer": fp32 masters and moments, and the fp32 gradient copy Megatron's fp16 optimizer
+    # keeps (``precision.sharded_bytes``: 12, or 16 for MEGATRON_FP16), sharded alike
+    bp, bg, bo = precision.bytes_param, precision.bytes_grad, precision.sharded_bytes
     out = []
     for stage in range(par.pp):
         c = stage_params(model, par, stage)

@@ -29,7 +29,8 @@ DATA = Path(__file__).resolve().parents[2] / "data"
 DATA_PATH = str(DATA / "indexed" / "tinyshakespeare_text_document")   # Megatron's --data-path
 MODELS = {"gpt2-large": ("gpt2-774m", 36, 1280, 20), "gpt2-xl": ("gpt2-1.5b", 48, 1600, 25)}
 NOTE_003_HEADS = 16   # the runs' launch scripts pass --num-attention-heads 16 (data/README.md)
-# ... and --fp16 (data/README.md): fp16 weights and main gradients, fp32 master weights and Adam
+# ... and --fp16 (data/README.md): fp16 weights and main gradients, an fp32 copy of the gradients,
+# fp32 master weights and Adam (20 B/param, report.PRECISION)
 # the runs' optimizer, from their launch script (github.com/vuiseng9/megatron-lm @ 709cbcce,
 # examples/gpt3/_old/100_train_gpt2_large.sh, a copy of Megatron's train_gpt3_175b_distributed.sh)
 NOTES_OPTIMIZER = dict(lr=6e-5, clip_grad=1.0, weight_decay=0.1, adam_beta2=0.95)

@@ -10,7 +10,8 @@ One row per catalogued experiment. Three groups of columns:
 * labkit.calc at the tutorial's size (GPT-2 BPE vocabulary, the runs' head count, the runs' precision
   as Megatron allocates it (:data:`PRECISION`), flash attention, no recompute): the peak memory per GPU of
   labkit's model and whether it fits in 90% of the GPU (the planner's criterion), Megatron's own
-  estimate (``megatron_estimate``, first stage, which ignores CP in the activations), and the
+  estimate (``megatron_estimate``, first stage, which ignores CP in the activations and counts 18 B
+  per parameter, bf16's, whatever the run's precision), and the
   predicted step time (``step_time`` on one node of that GPU).
 """
 from __future__ import annotations
@@ -19,16 +20,19 @@ import json
 import statistics
 from pathlib import Path
 
-from ..calc.config import MIXED_18, PrecisionConfig
+from ..calc.config import MEGATRON_FP16, MIXED_18, PrecisionConfig
 from .catalogue import CATALOGUE, MODELS, Experiment
 
-# Bytes per parameter as Megatron-LM allocates them (d98e8a64, megatron/training/arguments.py
-# validate_args, lines 1204-1216): only under --bf16 is accumulate_allreduce_grads_in_fp32 turned
-# on; it becomes DDP's grad_reduce_in_fp32 (training.py:2635), and the gradient buffer is fp32
-# with it, else the parameters' dtype (core/distributed/param_and_grad_buffer.py:895). So --bf16
-# runs hold 2 + 4 + 12 = 18 B per parameter and --fp16 runs (the H200 runs) 2 + 2 + 12 = 16 B.
-PRECISION = {"bf16": MIXED_18,
-             "fp16": PrecisionConfig(2, 2, 12, 2, "fp16 + fp16 main grads (Megatron --fp16)")}
+# Bytes per parameter as Megatron-LM allocates them (d98e8a64). Only under --bf16 is
+# accumulate_allreduce_grads_in_fp32 turned on (megatron/training/arguments.py validate_args, lines
+# 1204-1216); it becomes DDP's grad_reduce_in_fp32 (training.py:2635), and the gradient buffer is
+# fp32 with it, else the parameters' dtype (core/distributed/param_and_grad_buffer.py:895). The
+# optimizer then steps on an fp32 .grad of every master, `main_param.grad =
+# model_param.main_grad.float()` (core/optimizer/optimizer.py:1097): the same memory under bf16, a
+# copy under fp16, held until the next zero_grad. So --bf16 runs hold 2 + 4 + 12 = 18 B per
+# parameter and --fp16 runs (the H200 runs) 2 + 2 + 4 + 12 = 20 B (Megatron's own table,
+# docs/user-guide/features/dist_optimizer.md); labkit's --fp16 frees its copy after the step (calc.LABKIT_FP16, 16 B).
+PRECISION = {"bf16": MIXED_18, "fp16": MEGATRON_FP16}
 
 GIB = 2 ** 30
 HEADROOM = 0.9   # "fits": at most 90% of the GPU's memory, the planner's criterion (calc.planner.plan)
@@ -66,7 +70,7 @@ def full_size_prediction(e: Experiment) -> dict:
     cluster = CLUSTERS[e.cluster].with_(gpus_per_node=e.gpus, nodes=1)
     precision = PRECISION[e.precision]
     peak = max(r["total"] for r in memory_per_stage(m, par, precision, attention="flash"))
-    est = megatron_estimate(e.gpus, **megatron_kwargs(m, par))   # Megatron's own: 18 B, any dtype
+    est = megatron_estimate(e.gpus, **megatron_kwargs(m, par))   # what Megatron prints: 18 B, any dtype
     t = step_time(m, par, cluster, precision)
     return {"calc GiB/GPU": peak / GIB, "fits": peak <= HEADROOM * cluster.gpu.memory_bytes,
             "Megatron est. GiB": est["total_bytes"] / GIB, "calc ms": t["step_time"] * 1e3}

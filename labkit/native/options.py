@@ -88,11 +88,13 @@ def check_native(cfg, world_size: int, opts: NativeOptions):
                       f"fully_shard module, it has no bucket size")
     if topo.tp > 1 and cfg.query_groups % topo.tp:
         refuse.append(f"num_query_groups {cfg.query_groups} with tensor_model_parallel_size {topo.tp}: "
-                      f"labkit, as Megatron, gives the tp ranks of a query group each a copy of its K "
-                      f"and V and sums their gradients over those ranks (shard_plan.qkv, axis "
-                      f"'tp_kv'); a DTensor placement holds each row on one rank of a Shard, so the "
-                      f"native plan keeps whole query groups per rank: num_query_groups must be a "
-                      f"multiple of tensor_model_parallel_size")
+                      f"labkit gives the tp ranks of a query group each a copy of its K and V and "
+                      f"sums their gradients over those ranks (shard_plan.qkv, axis 'tp_kv'), which no "
+                      f"DTensor placement expresses (a Shard holds each row on one rank); Megatron "
+                      f"instead cuts the fused QKV weight contiguously (Shard(0)) and all-gathers the "
+                      f"QKV output every layer, a layout DTensor could express but the native plan "
+                      f"does not implement: it keeps whole query groups per rank, so num_query_groups "
+                      f"must be a multiple of tensor_model_parallel_size")
     if cfg.hidden_dropout or cfg.attention_dropout:
         refuse.append("dropout: the masks come from labkit's RNG streams (Megatron's), which DTensor "
                       "and FSDP2 do not follow; set hidden_dropout and attention_dropout to 0")

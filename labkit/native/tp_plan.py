@@ -153,8 +153,10 @@ def dense_orders(model: nn.Module, t: int, sequence_parallel: bool = False) -> d
                 continue                                          # Shard(want) as it is
             if any(b.replicas for e in entries for b in e.blocks):
                 raise ValueError(f"{prefix + k}: labkit's plan gives some rows to several tp ranks "
-                                 f"(the K/V of a query group when num_query_groups < "
-                                 f"tensor_model_parallel_size), which no DTensor placement expresses")
+                                 f"(its copies of a query group's K/V when num_query_groups < "
+                                 f"tensor_model_parallel_size), which no DTensor placement expresses "
+                                 f"(Megatron's own layout, Shard(0) plus an all-gather of the QKV "
+                                 f"output, is not implemented here)")
             out[prefix + k] = (want, tuple(b for e in entries for b in e.blocks))
     return out
 
