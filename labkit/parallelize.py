@@ -31,7 +31,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import shard_plan as sp_
+from . import roles, shard_plan as sp_
 from .groups import Group, add_kv_groups, grad_reduce_group
 from .param_attrs import tag
 from .precision import make_scaler
@@ -159,6 +159,7 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
     from .data_parallel.wrap import wrap_data_parallel
     from .tensor_parallel.random import apply_rng_streams
     coords = topo.coords(dist.get_rank())
+    roles.of_parameters(model)          # fails closed: every parameter's module has a role of the table
     plan = sp_.initial(model, dp_index=grad_reduce_group(groups).rank)
     # 1. Pipeline parallelism: keep this rank's stages (chapters "Pipeline", "Interleaved").
     if topo.pp > 1:
