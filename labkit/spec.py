@@ -159,6 +159,20 @@ PRESETS = {
 PRESETS["124m"], PRESETS["355m"] = PRESETS["gpt2"], PRESETS["gpt2-medium"]
 PRESETS["774m"], PRESETS["1.5b"] = PRESETS["gpt2-large"], PRESETS["gpt2-xl"]
 
+# The model's fields that fix a parameter's shape or meaning, the ONE list the checkpoints compare
+# (labkit.checkpoint.files): the sizes, every architecture choice of ArchArgs (a new one joins by
+# being declared there), the MoE shapes. rotary_base is left out: checkpoints written before it
+# was listed do not hold it.
+MODEL_FIELDS = (("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length")
+                + tuple(f.name for f in fields(ArchArgs) if f.name != "rotary_base")
+                + ("num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size"))
+
+
+def field_default(name: str):
+    """The default of GPTConfig's field ``name`` (what a run had before the field existed)."""
+    return GPTConfig.__dataclass_fields__[name].default
+
+
 # the GPTConfig fields a TrainConfig takes too (the rest, vocab_size and init, are the run's own)
 _TRAIN_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "ffn_hidden_size",
                  "hidden_dropout", "attention_dropout")
