@@ -154,9 +154,15 @@ def test_qk_layernorm_trains_like_one_device_on_both_paths():
                    labkit=dict(llama, tensor_model_parallel_size=2, sequence_parallel=sp, global_batch_size=8))
             for sp in (False, True)]
     runs = run_layouts(lays, steps=3)
+    from labkit.config import train_config
+    from labkit.native.bytes import native_step_bytes
     from labkit.reference import train_reference
     for lay in lays:
         r = runs[lay.name]
+        cfg = train_config(params_dtype="float64", **lay.config)    # the native byte model counts them
+        for rank, counted in enumerate(r["native"]["comm_last_step"]):
+            got = {axis: {op: v["bytes"] for op, v in ops.items()} for axis, ops in counted.items() if ops}
+            assert got == native_step_bytes(cfg, 2, lay.native, rank), (lay.name, rank)
         ref8 = train_reference(world_size=2, steps=3, capture_grads=True, params_dtype="float64", **lay.labkit)
         for impl, ref in (("native", r["reference"]), ("labkit", ref8)):
             assert_close(torch.tensor(r[impl]["losses"]), torch.tensor(ref["losses"]), rtol=0, atol=1e-11,
