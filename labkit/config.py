@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from .calc import config as megatron_rules, hyperparams
 from .calc.moe import MoEArgs
 from .spec import PRESETS, ArchArgs, GPTConfig, preset, preset_args  # noqa: F401 - the model spec
+from .roles import RECOMPUTE_MODULES  # what labkit.recompute implements, read off the roles
 from .topology import Topology
 
 BYTE_VOCAB_SIZE = 256  # labkit.data.ByteTokenizer: UTF-8 bytes
@@ -239,9 +240,6 @@ def _check_precision(cfg: TrainConfig) -> None:
     if cfg.loss_scale is not None and cfg.loss_scale <= 0:
         raise ValueError(f"loss_scale must be > 0 (None: dynamic), got {cfg.loss_scale!r}")
     _positive("hysteresis", cfg.hysteresis)
-
-
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")   # what labkit.recompute implements
 
 
 def _check_recompute(cfg: TrainConfig) -> None:

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import roles
 from .modules import (MLP, CoreAttention, Dropout, RotaryEmbedding, SelfAttention,  # noqa: F401 - seams
                       causal_attention, norm, role)
 from .moe import MoELayer
@@ -148,15 +149,19 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
+        """Megatron's init, by each parameter's role (``labkit.roles``: normal, scaled or ones; biases
+        zero), drawn in parameter order from one generator -> the same values on every rank."""
         gen = torch.Generator().manual_seed(seed)
         std, out_std = self.cfg.init_method_std, self.cfg.init_method_std / math.sqrt(2 * self.cfg.num_layers)
-        for name, p in self.named_parameters():  # fixed order -> same values on every rank
-            if name.endswith("layernorm.weight"):
-                p.fill_(1.0)
-            elif name.endswith("bias"):
+        by_role = roles.of_parameters(self)                 # fails on a parameter with no role
+        for name, p in self.named_parameters():
+            init = by_role[name].init
+            if name.endswith("bias"):
                 p.zero_()
+            elif init == "ones":
+                p.fill_(1.0)
             else:
-                scale = out_std if name.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
+                scale = out_std if init == "scaled" else std
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
 
     def part(self, layers, pre_process: bool = True, post_process: bool = True) -> "GPT":

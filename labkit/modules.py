@@ -1,12 +1,8 @@
 """The building blocks a model spec chooses from (labkit/spec.py), each tagged with its ROLE.
 
-A role is what a parallel plan needs to know about a module to cut it, whatever its class:
-
-    embedding  word embeddings [V, h]          qkv   fused Q/K/V, per query group [q.. | k | v]
-    position   learned position table [s, h]   proj  attention output projection
-    norm       LayerNorm or RMSNorm            fc1   first MLP linear ([gate; up] with SwiGLU)
-    output     output layer (logits)           fc2   second MLP linear
-    core_attention, router, expert_fc1, expert_fc2, sequence_shard, loss
+A role is what a parallel plan needs to know about a module to cut it, whatever its class; the
+roles, and what each means to every plan, are ONE table: ``labkit.roles.ROLES`` (embedding,
+position, norm, qk_norm, qkv, proj, fc1, fc2, output, core_attention, router, expert_fc1, ...).
 
 ``role(module, name, **layout)`` sets ``module.role`` (and layout facts a cut needs: ``stack`` = 2
 for SwiGLU's fused fc1; ``qkv_layout`` = (heads, groups, head_dim)). The tensor-parallel plan
@@ -71,11 +67,13 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def norm(cfg) -> nn.Module:
-    """The spec's normalization over the hidden size, role "norm"."""
+def norm(cfg, size: int | None = None, name: str = "norm") -> nn.Module:
+    """The spec's normalization over ``size`` (default the hidden size), role ``name`` ("norm"; a
+    per-head QK-layernorm is "qk_norm": its gradient is summed over tp, labkit.roles)."""
+    size = cfg.hidden_size if size is None else size
     if cfg.normalization == "RMSNorm":
-        return role(RMSNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon), "norm")
-    return role(nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon), "norm")
+        return role(RMSNorm(size, eps=cfg.layernorm_epsilon), name)
+    return role(nn.LayerNorm(size, eps=cfg.layernorm_epsilon), name)
 
 
 def linear(cfg, n_in: int, n_out: int, name: str, **layout) -> nn.Linear:
@@ -150,6 +148,9 @@ class SelfAttention(nn.Module):
         n, g, d = cfg.num_attention_heads, cfg.query_groups, cfg.head_dim
         self.num_attention_heads, self.num_query_groups, self.head_dim = n, g, d
         self.linear_qkv = linear(cfg, cfg.hidden_size, (n + 2 * g) * d, "qkv", qkv_layout=(n, g, d))
+        qk = cfg.qk_layernorm                               # Megatron's q_layernorm / k_layernorm
+        self.q_layernorm = norm(cfg, d, "qk_norm") if qk else None
+        self.k_layernorm = norm(cfg, d, "qk_norm") if qk else None
         self.rotary = (RotaryEmbedding(d, cfg.rotary_base) if cfg.position_embedding_type == "rope"
                        else None)
         self.core_attention = role(CoreAttention(cfg.attention_dropout), "core_attention")
@@ -162,6 +163,8 @@ class SelfAttention(nn.Module):
         qkv = qkv.view(b, s, g, n // g + 2, d)
         q = qkv[:, :, :, :n // g].reshape(b, s, n, d).transpose(1, 2)      # [b, n, s, d]
         k, v = qkv[:, :, :, n // g].transpose(1, 2), qkv[:, :, :, n // g + 1].transpose(1, 2)  # [b, g, s, d]
+        if self.q_layernorm is not None:                    # per head, over d, before RoPE (Megatron)
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, k, position_ids)
         y = self.core_attention(q, k, v)                    # [b, n, s, d]

@@ -31,7 +31,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import shard_plan as sp_
+from . import roles, shard_plan as sp_
 from .groups import Group, add_kv_groups, grad_reduce_group
 from .param_attrs import tag
 from .precision import make_scaler
@@ -59,8 +59,11 @@ class SingleStageRunner:
 class Engine:
     """One training iteration for any combination of strategies. See the module docstring."""
 
-    def __init__(self, runner, dp, groups: dict[str, Group], coords: dict, cfg, batch_transform=None,
-                 plan: sp_.ShardPlan | None = None):
+    def __init__(self, runner, dp, groups: dict[str, Group], coords: dict, cfg, plan: sp_.ShardPlan,
+                 batch_transform=None):
+        if not isinstance(plan, sp_.ShardPlan):   # finalize_grads, the norm and dense_shards read it
+            raise TypeError(f"Engine needs the ShardPlan of what this rank holds (labkit.parallelize "
+                            f"makes it), got {type(plan).__name__}")
         self.runner, self.dp, self.groups, self.coords, self.cfg = runner, dp, groups, coords, cfg
         self.plan = plan
         self.batch_transform = batch_transform or (lambda mb: mb)
@@ -159,6 +162,7 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
     from .data_parallel.wrap import wrap_data_parallel
     from .tensor_parallel.random import apply_rng_streams
     coords = topo.coords(dist.get_rank())
+    roles.of_parameters(model)          # fails closed: every parameter's module has a role of the table
     plan = sp_.initial(model, dp_index=grad_reduce_group(groups).rank)
     # 1. Pipeline parallelism: keep this rank's stages (chapters "Pipeline", "Interleaved").
     if topo.pp > 1:
@@ -199,5 +203,5 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
             tokens.shape[0], tokens.shape[1] // sp, cfg.hidden_size))
     else:
         runner = SingleStageRunner(chunks)
-    return Engine(runner, dp, groups, coords, cfg, batch_transform=transform, plan=plan)
+    return Engine(runner, dp, groups, coords, cfg, plan, batch_transform=transform)
 

@@ -17,13 +17,16 @@ Megatron's arguments (``TrainConfig``), applied to each model chunk by :func:`ap
                                        recompute_num_layers layers of the chunk, one by one
     recompute_granularity "selective"  the submodules in recompute_modules (default core_attn, the
                                        attention scores and softmax: the 5as/h term of Korthikanti's
-                                       Table 2), found by role; also "mlp" and "layernorm"
+                                       Table 2), found by role (``labkit.roles``: each role
+                                       names the recompute module that recomputes it); also
+                                       "mlp" and "layernorm"
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from . import roles
 from .modules import Dropout
 
 
@@ -115,9 +118,6 @@ class RecomputedLayers:
         return x
 
 
-SELECTIVE = {"core_attn": "core_attention", "layernorm": "norm", "mlp": "mlp"}   # Megatron's name -> role
-
-
 def apply(chunks: list, cfg, restore_rng: bool = True) -> None:
     """Turn on the recomputation ``cfg`` asks for, on every model chunk (after the TP/CP/EP plans,
     so it recomputes the parallel modules: their collectives run again in the backward)."""
@@ -125,7 +125,7 @@ def apply(chunks: list, cfg, restore_rng: bool = True) -> None:
         for chunk in chunks:
             chunk.layer_runner = RecomputedLayers(cfg.recompute_method, cfg.recompute_num_layers, restore_rng)
     elif cfg.recompute_granularity == "selective":
-        wanted = {SELECTIVE[name] for name in (cfg.recompute_modules or ("core_attn",))}
+        wanted = roles.by_recompute(cfg.recompute_modules or ("core_attn",))   # Megatron's names -> roles
         for chunk in chunks:
             for name, m in list(chunk.named_modules()):
                 if name.startswith("decoder.layers.") and getattr(m, "role", None) in wanted:

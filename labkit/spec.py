@@ -11,6 +11,7 @@ a handful of choices with Megatron's argument names, not a new model class:
     num_query_groups         the number of K/V heads               (--num-query-groups)
     add_bias_linear          biases in qkv, proj, fc1, fc2         (--disable-bias-linear: False)
     untie_embeddings_and_output_weights   the output layer has its own weight
+    qk_layernorm             the spec's norm over each query and key head (--qk-layernorm)
 
 GPT-2 and Llama 3 are two presets of the same :class:`GPTConfig` (:data:`PRESETS`); adding a
 family built from these roles is one entry here. The modules that implement each role are in
@@ -42,6 +43,7 @@ class ArchArgs:
     num_query_groups: int | None = None      # used only with group_query_attention, as Megatron
     add_bias_linear: bool = True
     untie_embeddings_and_output_weights: bool = False
+    qk_layernorm: bool = False               # q_layernorm / k_layernorm over head_dim, before RoPE
 
     def _check_arch(self) -> None:
         """Choices and Megatron's rules on these arguments (ValueError naming the argument)."""
@@ -77,11 +79,9 @@ class ArchArgs:
 
     def calc_arch(self) -> dict:
         """The same choices as ``labkit.calc.config.ModelConfig`` names them."""
-        return dict(normalization=self.normalization, swiglu=self.swiglu,
-                    position_embedding_type=self.position_embedding_type,
-                    num_query_groups=self.num_query_groups if self.group_query_attention else None,
-                    add_bias_linear=self.add_bias_linear,
-                    untie_embeddings_and_output_weights=self.untie_embeddings_and_output_weights)
+        out = {k: v for k, v in self.arch_args().items() if k in megatron_rules.ModelConfig.__dataclass_fields__}
+        out["num_query_groups"] = self.num_query_groups if self.group_query_attention else None
+        return out
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,20 @@ PRESETS = {
 }
 PRESETS["124m"], PRESETS["355m"] = PRESETS["gpt2"], PRESETS["gpt2-medium"]
 PRESETS["774m"], PRESETS["1.5b"] = PRESETS["gpt2-large"], PRESETS["gpt2-xl"]
+
+# The model's fields that fix a parameter's shape or meaning, the ONE list the checkpoints compare
+# (labkit.checkpoint.files): the sizes, every architecture choice of ArchArgs (a new one joins by
+# being declared there), the MoE shapes. rotary_base is left out: checkpoints written before it
+# was listed do not hold it.
+MODEL_FIELDS = (("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size", "seq_length")
+                + tuple(f.name for f in fields(ArchArgs) if f.name != "rotary_base")
+                + ("num_experts", "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size"))
+
+
+def field_default(name: str):
+    """The default of GPTConfig's field ``name`` (what a run had before the field existed)."""
+    return GPTConfig.__dataclass_fields__[name].default
+
 
 # the GPTConfig fields a TrainConfig takes too (the rest, vocab_size and init, are the run's own)
 _TRAIN_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "ffn_hidden_size",

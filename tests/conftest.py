@@ -8,6 +8,9 @@
   (``backend="nccl"``) and are marked gpu; one that means to test "auto" itself takes the
   ``auto_backend`` fixture. ``LABKIT_BACKEND=auto pytest ...`` runs everything with the real
   default. (The nbval sanitizer is set in pyproject.toml.)
+* ``pytest -m quick``: the newcomer's path (README, beside command 2), the tests :data:`QUICK`
+  names: the units (no processes), the book's build checks, and one parity with one device per
+  axis. A name that matches no collected test is an error, so the list cannot rot silently.
 """
 from __future__ import annotations
 
@@ -26,6 +29,24 @@ def cuda_devices() -> int:
         return 0
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """One torch thread in the test process, as in every rank (``launch_rank``). The references
+    and dense models the tests compute here are tiny: with torch's default of one thread per core,
+    on a 2-core machine that the ranks and the other xdist worker keep busy, each small op waits
+    for a spinning partner thread; measured on 2026-11-28 (load 20): a [128, 32] x [32, 96] linear
+    33 ms instead of 0.19 ms, the Llama reference of tests/test_llama.py 13.1 s instead of 0.32 s."""
+    try:
+        import torch
+    except ImportError:                     # the torch-free checks
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def auto_backend(monkeypatch):
     """``backend="auto"`` as outside the tests: decided afresh by the next launch, from the GPUs."""
@@ -34,7 +55,53 @@ def auto_backend(monkeypatch):
     monkeypatch.setattr(launcher, "_auto", None)
 
 
+# pytest -m quick: whole files (units and the book's build checks), then one parity per axis
+QUICK = (
+    # units: no processes (topology, schedules, p2p plans, shard plans, roles, calculators, rules)
+    "tests/test_topology.py", "tests/test_schedules.py", "tests/test_p2p_plan.py::test_every_schedule",
+    "tests/test_shard_plan.py", "tests/test_roles.py", "tests/test_model.py", "tests/test_moe.py",
+    "tests/test_moe_pattern.py", "tests/test_expert_parallel_layout.py", "tests/test_context_parallel_math.py",
+    "tests/test_native_rules.py", "tests/test_layers.py", "tests/test_calc_core.py",
+    "tests/test_calc_attention.py", "tests/test_calc_refusals.py", "tests/test_calc_megatron.py",
+    "tests/test_calc_perf.py", "tests/test_calc_notorch.py", "tests/test_rule_book.py", "tests/test_goodput.py",
+    "tests/test_data.py", "tests/test_debug_checks.py",
+    # the book's build checks: glossary, numbers in prose, figures' style, explorers, notebook tooling
+    "tests/test_glossary.py", "tests/test_book_numbers.py", "tests/test_figures_style.py",
+    "tests/test_book_explorers.py", "tests/test_notebooks.py",
+    # one parity with one device per axis (float64, several microbatches)
+    "tests/test_training.py::test_float64_parity_is_exact_to_1e12",                                   # DP
+    "tests/test_tensor_parallel.py::test_tensor_parallel_gpt_loss_and_all_grads_equal_dense[2-True-False]",  # TP+SP
+    "tests/test_zero.py::test_parity_and_bytes[2]",                                                   # ZeRO
+    "tests/test_context_parallel.py::test_losses_grad_norms_and_every_gradient_equal_one_device[cp2 p2p]",  # CP
+    "tests/test_pipeline_parallel.py::test_train_losses_equal_single_device[2-2-2]",                  # PP, VPP
+    "tests/test_expert_parallel.py::test_every_gradient_equals_one_device[ep2 allgather top1 capacity]",  # EP
+)
+
+
+@pytest.hookimpl(tryfirst=True)              # before -m deselects
 def pytest_collection_modifyitems(config, items):
+    quick_marks(items, config.getoption("markexpr") == "quick")
+    gpu_skips(items)
+
+
+def quick_marks(items, strict: bool) -> None:
+    """Mark ``quick`` every collected test :data:`QUICK` names (a file or a node id prefix; of a
+    whole file, not the tests marked slow). ``strict`` (under ``-m quick``): UsageError for a name
+    whose file was collected but that matches no test."""
+    files = {item.nodeid.split("::")[0] for item in items}
+    used = set()
+    for item in items:
+        for name in QUICK:
+            if item.nodeid == name or (item.nodeid.startswith(name if "::" in name else name + "::")
+                                       and item.get_closest_marker("slow") is None):
+                item.add_marker(pytest.mark.quick)
+                used.add(name)
+    stale = [n for n in QUICK if n.split("::")[0] in files and n not in used]
+    if strict and stale:
+        raise pytest.UsageError(f"tests/conftest.py QUICK names tests that do not exist: {stale}")
+
+
+def gpu_skips(items) -> None:
     n = cuda_devices()
     for item in items:
         marker = item.get_closest_marker("gpu")

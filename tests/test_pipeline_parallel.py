@@ -18,6 +18,7 @@ from labkit import data
 from labkit.measure.pipeline import measure
 from labkit.model import GPT, GPTConfig
 from labkit.pipeline_parallel import schedules as S
+from labkit.pipeline_parallel.placement import stage_of
 from labkit.pipeline_parallel.simulate import simulate, validate
 from labkit.reference import train_reference
 
@@ -92,11 +93,24 @@ def test_stage_gradients_equal_dense(measured):
 
 
 def test_events_follow_the_schedule(measured):
+    """Each rank ran its list in order, one action at a time, and (one clock for all ranks, the
+    time origin shared by measure) no stage started a microbatch before the stage that feeds it
+    had finished it: F on stage s after F on s - 1, B on stage s after B on s + 1, W after its B.
+    The order alone is what the executor's loop records; the times across ranks are what its p2p
+    must make true (a stage that computed on an input it had not received would break them)."""
     sched, _, run = measured
+    p, v, m = validate(sched)
     for r, acts in enumerate(sched):
-        mine = [e for e in run.events if e.rank == r]
-        assert [e.action for e in sorted(mine, key=lambda e: e.start)] == acts
+        mine = sorted((e for e in run.events if e.rank == r), key=lambda e: e.start)
+        assert [e.action for e in mine] == acts
         assert all(a.start <= a.end <= b.start for a, b in zip(mine, mine[1:]))
+    done = {(e.action.kind, stage_of(e.rank, e.action.chunk, p, v), e.action.microbatch): e.end
+            for e in run.events}
+    for e in run.events:
+        kind, s, mb = e.action.kind, stage_of(e.rank, e.action.chunk, p, v), e.action.microbatch
+        feeder = {"F": ("F", s - 1, mb), "B": ("B", s + 1, mb), "W": ("B", s, mb)}[kind]
+        if feeder in done:                                  # not the first stage's F, the last's B
+            assert e.start >= done[feeder], (e, feeder, done[feeder])
 
 
 def test_activation_memory_follows_the_schedule(measured):

@@ -91,6 +91,10 @@ def test_mark_sequence_parallel_flags_only_layer_norms():
     flagged = {n for n, p in layer.named_parameters() if getattr(p, "sequence_parallel", False)}
     assert flagged == {f"{ln}.{w}" for ln in ("input_layernorm", "pre_mlp_layernorm")
                        for w in ("weight", "bias")}
+    qk = TransformerLayer(GPTConfig(qk_layernorm=True))          # read from labkit.roles, not names
+    mark_sequence_parallel(qk)
+    flagged = {n for n, p in qk.named_parameters() if getattr(p, "sequence_parallel", False)}
+    assert {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.bias"} < flagged
 
 
 TRAIN = dict(micro_batch_size=2, global_batch_size=4, hidden_size=32, seq_length=32, num_layers=2)

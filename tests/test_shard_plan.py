@@ -183,3 +183,11 @@ def test_llama_family_figures_are_legible_on_a_phone():
     from labkit.figures import MIN_LABEL_PX, smallest_label_px, svg
     for fig in (F.swiglu_cut(), F.gqa_on_tp(), F.rope_positions_cp()):
         assert smallest_label_px(svg(fig)) >= MIN_LABEL_PX
+
+
+def test_an_engine_without_a_shard_plan_fails_when_made_not_later():
+    """Issue 35: ``Engine(plan=None)`` used to crash inside the first step's gradient finish."""
+    from labkit.parallelize import Engine
+    from labkit.config import TrainConfig
+    with pytest.raises(TypeError, match="needs the ShardPlan"):
+        Engine(None, None, {}, {}, TrainConfig(), None)

@@ -32,15 +32,54 @@ def blocks():
     return {tp: block_parity(tp, sequence_parallel=False) for tp in (1, 2, 4)}
 
 
+def textbook_block():
+    """(output, input gradient) of the layer block_parity builds (same seeds, same draws), computed
+    here from its weights with torch's own ops: F.layer_norm, F.scaled_dot_product_attention
+    (causal), F.gelu. Shares no code with labkit.model, so a fault in the code the dense layer and
+    the cut one share (the attention, the QKV split, the residuals) shows at every tp, tp = 1
+    included; the dense comparison alone sees only what the cut changes."""
+    import torch.nn.functional as F
+
+    from labkit.model import GPTConfig, TransformerLayer
+    gen = torch.Generator().manual_seed(0)                   # block_parity's seed and order of draws
+    layer = TransformerLayer(GPTConfig(num_layers=1, hidden_size=H, num_attention_heads=A,
+                                       seq_length=S, vocab_size=256)).double()
+    P = {}
+    for n, p in layer.named_parameters():
+        P[n] = torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.2 + (p.dim() == 1) * 0.5
+    x = torch.randn(B, S, H, generator=gen, dtype=torch.float64).requires_grad_()
+    dy = torch.randn(B, S, H, generator=gen, dtype=torch.float64)
+
+    def ln(t, name):
+        return F.layer_norm(t, (H,), P[name + ".weight"], P[name + ".bias"], 1e-5)
+    a = "self_attention."
+    qkv = F.linear(ln(x, "input_layernorm"), P[a + "linear_qkv.weight"], P[a + "linear_qkv.bias"])
+    q, k, v = qkv.view(B, S, A, 3, H // A).permute(3, 0, 2, 1, 4)       # per head [q | k | v]: [B, A, S, d]
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, S, H)
+    x1 = x + F.linear(y, P[a + "linear_proj.weight"], P[a + "linear_proj.bias"])
+    hmid = F.gelu(F.linear(ln(x1, "pre_mlp_layernorm"), P["mlp.linear_fc1.weight"], P["mlp.linear_fc1.bias"]))
+    out = x1 + F.linear(hmid, P["mlp.linear_fc2.weight"], P["mlp.linear_fc2.bias"])
+    out.backward(dy)
+    return out.detach(), x.grad
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_block_output_input_grad_and_every_weight_grad_equal_dense(blocks, tp):
+    """Each rank's output, input gradient and 12 parameter gradients equal the dense layer's
+    (what the cut changes), and the output and input gradient equal the textbook layer's
+    (:func:`textbook_block`: what the cut and the dense layer share). At tp = 1 the first
+    comparison is the layer with itself; the second is what lets it fail."""
     ranks = blocks[tp]
     assert len(ranks) == tp
+    out, x_grad = textbook_block()
     for r, res in enumerate(ranks):
         # output, input gradient, and 12 parameter gradients (2 norms x 2, qkv/proj/fc1/fc2 x 2)
         assert len(res["pairs"]) == 2 + 12, sorted(res["pairs"])
         for what, (got, expected) in res["pairs"].items():
             assert_close(got, expected, **F64, msg=lambda m: f"tp {tp}, rank {r}, {what}: {m}")
+        assert_close(res["pairs"]["output"][0], out, **F64, msg=lambda m: f"tp {tp}, rank {r}, textbook output: {m}")
+        assert_close(res["pairs"]["input grad"][0], x_grad, **F64,
+                     msg=lambda m: f"tp {tp}, rank {r}, textbook input grad: {m}")
 
 
 @pytest.mark.parametrize("tp", [2, 4])

@@ -3,7 +3,8 @@
 Chapter "Putting it together: PTD-P". ``labkit_step_bytes`` adds up every collective and message
 of one optimizer step on one rank, term by term, for labkit's GPT (learned positions, biases,
 LayerNorm) and its implementation; ``labkit.train`` counts the same bytes on its process groups,
-and the chapter and tests/test_ptdp_bytes.py compare the two exactly. Conventions are labkit.comm's:
+and the chapter and tests/test_composition.py (``test_bytes_per_group_equal_calc``) compare the
+two exactly. Conventions are labkit.comm's:
 ring all-reduce 2(n-1)/n N, all-gather / reduce-scatter (n-1)/n N (N: the full tensor), a p2p
 message its own bytes, plus 3 int64 (24 B) naming it.
 

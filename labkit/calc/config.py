@@ -44,6 +44,7 @@ class ModelConfig:
     add_bias_linear: bool = True               # biases of linear layers (labkit's own count only)
     position_embedding_type: str = "learned_absolute"   # or "rope" (no position table)
     untie_embeddings_and_output_weights: bool = False
+    qk_layernorm: bool = False                 # a norm over each query and key head (head_dim)
     num_experts: int | None = None             # None = dense MLPs
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int | None = None     # None = ffn_hidden_size

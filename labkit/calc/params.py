@@ -4,6 +4,7 @@ One transformer layer of ``labkit.model`` / Megatron ``GPTModel`` holds
 
     input_layernorm        h (RMSNorm) or 2h (LayerNorm: weight + bias)
     linear_qkv             h*(q + 2kv) + bias (q + 2kv)     q = kv_channels*a, kv = kv_channels*g
+    q_/k_layernorm         2 d or 4 d with --qk-layernorm   (a norm over one head's d = kv_channels)
     linear_proj            q*h + bias h
     pre_mlp_layernorm      h or 2h
     mlp.linear_fc1         h*f*k + bias f*k                 k = 2 with SwiGLU (gate and up), else 1
@@ -42,7 +43,8 @@ def layer_params(model: ModelConfig, tp: int = 1, ep: int = 1, moe: bool = False
     kv = model.kv_channels * model.query_groups
     qkv = (h * (q + 2 * kv) + ((q + 2 * kv) if bias else 0)) // tp
     proj = q * h // tp + (h if bias else 0)
-    dense = 2 * _norm(model) + qkv + proj
+    qk_norm = 2 * _norm(model) * model.kv_channels // h if model.qk_layernorm else 0   # over head_dim
+    dense = 2 * _norm(model) + qk_norm + qkv + proj
     expert = 0
     if not moe:
         dense += _mlp(model, model.ffn_hidden_size, tp)

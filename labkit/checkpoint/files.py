@@ -24,14 +24,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..spec import MODEL_FIELDS, field_default  # noqa: F401 - the spec's one list of the model's fields
+
 TRACKER = "latest_checkpointed_iteration.txt"
 INFO, MANIFEST, METADATA = "labkit.json", "manifest.json", ".metadata"
 FORMAT = "labkit-dcp-1"
-# the model's fields that fix a parameter's shape or meaning: a checkpoint loads only if they agree
-MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size",
-                "seq_length", "normalization", "swiglu", "position_embedding_type", "group_query_attention",
-                "num_query_groups", "add_bias_linear", "untie_embeddings_and_output_weights", "num_experts",
-                "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size")
 
 
 def iteration_dir(save: str | os.PathLike, iteration: int) -> Path:
@@ -120,14 +117,15 @@ def verify(path: str | os.PathLike, cfg=None) -> Found:
 def model_fields(cfg) -> dict:
     """The fields of :data:`MODEL_FIELDS` of a TrainConfig's model (vocabulary padded as the run pads it)."""
     model = cfg.model_config()
-    return {k: getattr(model, k) for k in MODEL_FIELDS if hasattr(model, k)}
+    return {k: getattr(model, k) for k in MODEL_FIELDS}
 
 
 def check_compatible(info: dict, cfg, where) -> None:
     """ValueError listing every model field that differs between the checkpoint and ``cfg``."""
     here, saved = model_fields(cfg), info["model"]
-    diff = [f"{k} {saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in here.items()
-            if _norm(saved.get(k)) != _norm(v)]
+    # a field the checkpoint does not hold was added to the spec after it was written: its default
+    old = {k: saved.get(k, field_default(k)) for k in here}
+    diff = [f"{k} {old[k]!r} in the checkpoint, {v!r} here" for k, v in here.items() if _norm(old[k]) != _norm(v)]
     if diff:
         hint = (" (the vocabulary is padded to a multiple of make_vocab_size_divisible_by x TP: pick "
                 "make_vocab_size_divisible_by so both layouts pad alike)" if any("vocab_size" in d for d in diff) else "")

@@ -116,7 +116,9 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
                 prm.grad = None
         groups["pp"].stats.reset()
         dist.barrier(group=groups["pp"].pg)
-        loss = runner.forward_backward(mbs, engine.dp, t0=now())
+        t0 = torch.tensor([now()], dtype=torch.float64)   # one time origin for every rank (one host:
+        dist.all_reduce(t0, op=dist.ReduceOp.MIN, group=groups["pp"].pg)   # one monotonic clock)
+        loss = runner.forward_backward(mbs, engine.dp, t0=float(t0))
         engine.finalize_grads()                            # the tied-embedding sum, as in training
         total = torch.tensor([loss], dtype=torch.float64, device=device())
         dist.all_reduce(total, group=groups["pp"].pg)  # only the last stage's loss is non-zero

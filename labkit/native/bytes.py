@@ -59,8 +59,8 @@ def local_shapes(cfg, world_size: int, opts: NativeOptions, rank: int = 0) -> li
     fc1 = (2 if mc.swiglu else 1) * f // t                                      # [gate_r; up_r]
     stages, S, layers = held(cfg, world_size, opts, rank)
 
-    def norm(name):
-        return [(name + ".weight", (h,))] + ([(name + ".bias", (h,))] if mc.normalization == "LayerNorm" else [])
+    def norm(name, n=h):
+        return [(name + ".weight", (n,))] + ([(name + ".bias", (n,))] if mc.normalization == "LayerNorm" else [])
 
     def linear(name, shape, bias_rows):
         return [(name + ".weight", shape)] + ([(name + ".bias", (bias_rows,))] if mc.add_bias_linear else [])
@@ -72,7 +72,9 @@ def local_shapes(cfg, world_size: int, opts: NativeOptions, rank: int = 0) -> li
             out.append(("embedding.position_embeddings.weight", (s, h)))
     for i in layers:
         pre = f"decoder.layers.{i}."
-        out += (norm(pre + "input_layernorm") + linear(pre + "self_attention.linear_qkv", (qkv, h), qkv)
+        qk = (norm(pre + "self_attention.q_layernorm", mc.head_dim) + norm(pre + "self_attention.k_layernorm", mc.head_dim)
+              if cfg.qk_layernorm else [])                                     # per head: [d]
+        out += (norm(pre + "input_layernorm") + linear(pre + "self_attention.linear_qkv", (qkv, h), qkv) + qk
                 + linear(pre + "self_attention.linear_proj", (h, mc.num_attention_heads * mc.head_dim // t), h)
                 + norm(pre + "pre_mlp_layernorm") + linear(pre + "mlp.linear_fc1", (fc1, h), fc1)
                 + linear(pre + "mlp.linear_fc2", (h, f // t), h))
@@ -141,6 +143,9 @@ def native_step_bytes(cfg, world_size: int, opts: NativeOptions = NativeOptions(
             per_norm = h * (2 if cfg.normalization == "LayerNorm" else 1)   # RMSNorm: no bias
             norms = 2 * per_norm * len(layers) + (per_norm if last else 0)
             _add(out, "tp", "all_reduce", ring_all_reduce_bytes(norms * e, t))
+        if cfg.qk_layernorm:           # role qk_norm: each rank saw its heads, summed with or without SP
+            per_head_norm = cfg.model_config().head_dim * (2 if cfg.normalization == "LayerNorm" else 1)
+            _add(out, "tp", "all_reduce", ring_all_reduce_bytes(2 * per_head_norm * len(layers) * e, t))
     if topo.pp > 1:
         p = topo.pp
         sched = schedule_of(cfg, opts)

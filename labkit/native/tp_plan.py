@@ -3,8 +3,8 @@
 "From labkit to PyTorch-native").
 
 It is labkit's ``tensor_parallel/plan.py`` in DTensor's words. Both are keyed by ROLE (the tag
-``labkit.modules`` puts on every module: qkv, proj, fc1, fc2, norm, embedding, position, output),
-never by class or name, so GPT-2 and the Llama family (RMSNorm, SwiGLU, RoPE, GQA) are cut by the
+``labkit.modules`` puts on every module), never by class or name, and both read the role's row of
+``labkit.roles`` (its cut, its native style; a role with no native style is refused, named), so GPT-2 and the Llama family (RMSNorm, SwiGLU, RoPE, GQA) are cut by the
 same lines:
 
     role (labkit's style)               this plan (DTensor)                       collective
@@ -12,6 +12,7 @@ same lines:
     qkv, fc1 (column-parallel)          ColwiseParallel                           - (SP: all-gather in front)
     proj, fc2 (row-parallel)            RowwiseParallel                           all-reduce (SP: reduce-scatter)
     norm under SP                       SequenceParallel                          - (grads summed over tp)
+    qk_norm (per head, always summed)   SequenceParallel(sequence_dim=1): heads   - (grads summed over tp)
     output + loss (vocab-parallel)      ColwiseParallel-like, ``loss_parallel()`` 3 all-reduces of [b*s]
     the parent of qkv / of fc1, SP      PrepareModuleInput (Shard(1) -> Replicate) all-gather
 
@@ -39,7 +40,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_module, distri
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
-from .. import shard_plan as sp_
+from .. import roles, shard_plan as sp_
 
 
 class OutputParallel(ColwiseParallel):
@@ -69,32 +70,44 @@ class OutputParallel(ColwiseParallel):
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
 
-# the dim DTensor cuts each parameter of a role's style along (None: Replicate); checked against
+# the dim DTensor cuts each parameter of a role's cut along (None: Replicate); checked against
 # labkit's shard plan for every parameter before anything is cut (:func:`dense_orders`)
-STYLE_DIMS = {"embedding": {"weight": 0}, "qkv": {"weight": 0, "bias": 0}, "fc1": {"weight": 0, "bias": 0},
-              "proj": {"weight": 1, "bias": None}, "fc2": {"weight": 1, "bias": None},
-              "output": {"weight": 0}, "norm": {"weight": None, "bias": None}, "position": {"weight": None}}
+CUT_DIMS = {"column": {"weight": 0, "bias": 0}, "vocab": {"weight": 0}, "row": {"weight": 1, "bias": None},
+            "replicated": {"weight": None, "bias": None}}
 
 
 def role_styles(sequence_parallel: bool = False, loss_parallel: bool = False) -> dict:
-    """{role: ParallelStyle} (roles left out stay as they are: replicated)."""
+    """{role: ParallelStyle} for the roles that need one (``labkit.roles``: each role names its
+    native style; "seam" and the norms without SP need none: their modules stay as they are)."""
     residual = Shard(1) if sequence_parallel else Replicate()     # activations [b, s, h]: seq is dim 1
-    styles = {
+    by_native = {
         # vocab-parallel embedding: rows of the table cut over tp, partial sums reduced (under SP
         # reduce-scattered over the sequence; the learned positions are then cut to match)
         "embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual),
-        "qkv": ColwiseParallel(),                                 # whole query groups: [b, s, (n+2g)d/t]
-        "proj": RowwiseParallel(output_layouts=residual),
-        "fc1": ColwiseParallel(),                                 # [b, s, 4h/t] (SwiGLU: [gate_r; up_r])
-        "fc2": RowwiseParallel(output_layouts=residual),
+        "colwise": ColwiseParallel(),             # qkv: whole query groups [b, s, (n+2g)d/t]; fc1: [gate_r; up_r]
+        "rowwise": RowwiseParallel(output_layouts=residual),
         "output": OutputParallel(input_layouts=residual, output_layouts=Shard(-1) if loss_parallel
                                  else Replicate(), use_local_output=not loss_parallel),
+        # QK-layernorm: q/k [b, n/t, s, d] are this rank's heads (dim 1): the weight [d] replicated,
+        # its gradient (Partial: each rank saw its heads) summed over tp, with or without SP
+        "heads": SequenceParallel(sequence_dim=1, use_local_output=True),
     }
     if sequence_parallel:
-        styles["norm"] = SequenceParallel()                       # norms on [b, s/t, h]
-        styles["position"] = PrepareModuleOutput(output_layouts=Replicate(),
-                                                 desired_output_layouts=Shard(0))   # [s, h] -> [s/t, h]
-    return styles
+        by_native["sequence_parallel"] = SequenceParallel()               # norms on [b, s/t, h]
+        by_native["position"] = PrepareModuleOutput(output_layouts=Replicate(),
+                                                    desired_output_layouts=Shard(0))   # [s, h] -> [s/t, h]
+    return {r.name: by_native[r.native] for r in roles.ROLES.values() if r.native in by_native}
+
+
+def check_roles(model: nn.Module) -> None:
+    """Fail closed: ValueError naming the module for a parameter whose module has no role, and for a
+    role whose native style is None (``labkit.roles``: the native path cannot express it)."""
+    roles.of_parameters(model)
+    for name, module in model.named_modules():
+        r = getattr(module, "role", None)
+        if r is not None and roles.get(r, name).native is None:
+            raise ValueError(f"module {name!r} has role {r!r}, which the native tensor-parallel plan "
+                             f"cannot express (labkit.roles: no DTensor style)")
 
 
 def gather_input(module: nn.Module) -> PrepareModuleInput:
@@ -112,6 +125,7 @@ def gather_input(module: nn.Module) -> PrepareModuleInput:
 def tensor_parallel_plan(model: nn.Module, sequence_parallel: bool = False, loss_parallel: bool = False) -> dict:
     """{module name: ParallelStyle} for the modules ``model`` (the dense GPT or a pipeline stage)
     holds, found by their roles, in module order."""
+    check_roles(model)
     styles, plan = role_styles(sequence_parallel, loss_parallel), {}
     for name, module in model.named_modules():
         r = getattr(module, "role", None)
@@ -133,14 +147,14 @@ def dense_orders(model: nn.Module, t: int, sequence_parallel: bool = False) -> d
     labkit_styles, out = tp_plan(sequence_parallel), {}
     for name, module in model.named_modules():
         role = getattr(module, "role", None)
-        if role not in STYLE_DIMS or role not in labkit_styles:
+        if role not in labkit_styles or roles.get(role, name).cut not in CUT_DIMS:
             continue
         prefix = name + "." if name else ""
         dense = {k: sp_.ParamShard(prefix + k, tuple(p.shape)) for k, p in module.named_parameters(recurse=False)}
         per_rank = [labkit_styles[role].shard(module, t, r, dict(dense)) for r in range(t)]
         for k in dense:
             entries = [e[k] for e in per_rank]
-            want = STYLE_DIMS[role][k]
+            want = CUT_DIMS[roles.ROLES[role].cut][k]
             if want is None:
                 if entries[0].cut is not None:
                     raise ValueError(f"{prefix + k}: labkit's plan cuts it (dim {entries[0].dim}), the "
@@ -180,6 +194,7 @@ def apply_tensor_parallel(model, tp_mesh, sequence_parallel: bool = False, loss_
     plan it applied. Fused weights are reordered first (:func:`dense_orders`), their order kept in
     ``module.dense_order``."""
     t = tp_mesh.size()
+    check_roles(model)
     if model.output_layer is not None and model.embedding is None and model.output_layer.weight is None:
         raise ValueError("a pipeline stage with a tied output layer but no embedding: untie them "
                          "(untie_embeddings_and_output_weights=True)")

@@ -23,7 +23,7 @@ from typing import Callable
 
 from torch import nn
 
-from .. import shard_plan as sp_
+from .. import roles, shard_plan as sp_
 from ..groups import Group
 from ..param_attrs import tag
 from .layers import ColumnParallelLinear, RowParallelLinear, divide
@@ -92,30 +92,46 @@ def _vocab(m, t, r, e):
     return {"weight": e["weight"].cut_along(0, sp_.contiguous(m.weight.shape[0], t, r), "tp")}
 
 
+def _words(role: str, sp: bool) -> str | None:
+    """What the plan does to a role, as the book prints it (None: say it from the cut)."""
+    col, row = ("g (all-gather seq) -> column", "row -> g-bar (reduce-scatter seq)") if sp else \
+        ("f -> column", "row -> f-bar (all-reduce)")
+    return {"embedding": "vocab rows V/t -> f-bar (all-reduce)",
+            "position": "replicated, added before the SP scatter" if sp else "replicated",
+            "sequence_shard": "+ positions, keep my s/t" if sp else "+ positions, replicated",
+            "norm": "shard [b, s/t, h], grads summed" if sp else "replicated [b, s, h]",
+            "qk_norm": "replicated, my heads, grads summed over tp",
+            "qkv": col + ", heads a/t", "proj": row, "fc1": col + ", 4h/t", "fc2": row,
+            "output": ("g (all-gather seq)" if sp else "f") + " -> vocab rows V/t",
+            "loss": "vocab-parallel cross-entropy"}.get(role)
+
+
+def _style(r: roles.Role, sp: bool) -> Style:
+    """The style of role ``r``, from its cut and its tp sum (labkit.roles)."""
+    what = _words(r.name, sp) or f"{r.cut}, {r.what}"
+    if r.cut == "column":
+        return Style(what, _column, lambda m, g, e: ColumnParallelLinear.from_dense(
+            m, g, e.get("weight"), sequence_parallel=sp))
+    if r.cut == "row":
+        return Style(what, _row(sp), lambda m, g, e: RowParallelLinear.from_dense(
+            m, g, e.get("weight"), sequence_parallel=sp))
+    if r.cut == "vocab":
+        return Style(what, _vocab, lambda m, g, e: VocabParallelEmbedding.from_dense(m, g))
+    if r.cut == "replicated":
+        return Style(what, _replicated(r.summed_over_tp(sp)), _same)
+    if r.cut == "sequence":
+        return Style(what, lambda m, t, r_, e: e, (lambda m, g, e: ScatterToSequence(g)) if sp else _same)
+    if r.cut == "loss":
+        return Style(what, lambda m, t, r_, e: e, lambda m, g, e: VocabParallelCrossEntropyLoss(g))
+    raise ValueError(f"role {r.name!r}: the tensor-parallel plan has no style for cut {r.cut!r}")
+
+
 def tp_plan(sequence_parallel: bool = False) -> dict[str, Style]:
-    """{role: Style}, applied in module order by :func:`apply`. Roles not listed are left alone
-    (the routed experts are the expert-parallel plan's; the core attention the CP plan's)."""
-    sp = sequence_parallel
-    col = Style("g (all-gather seq) -> column" if sp else "f -> column", _column,
-                lambda m, g, e: ColumnParallelLinear.from_dense(m, g, e.get("weight"), sequence_parallel=sp))
-    row = Style("row -> g-bar (reduce-scatter seq)" if sp else "row -> f-bar (all-reduce)", _row(sp),
-                lambda m, g, e: RowParallelLinear.from_dense(m, g, e.get("weight"), sequence_parallel=sp))
-    return {
-        "embedding": Style("vocab rows V/t -> f-bar (all-reduce)", _vocab,
-                           lambda m, g, e: VocabParallelEmbedding.from_dense(m, g)),
-        "position": Style("replicated, added before the SP scatter" if sp else "replicated",
-                          _replicated(False), _same),
-        "sequence_shard": Style("+ positions, keep my s/t" if sp else "+ positions, replicated",
-                                lambda m, t, r, e: e, (lambda m, g, e: ScatterToSequence(g)) if sp else _same),
-        "norm": Style("shard [b, s/t, h], grads summed" if sp else "replicated [b, s, h]", _replicated(sp), _same),
-        "qkv": Style(col.what + ", heads a/t", col.shard, col.build),            # whole query groups
-        "proj": row,
-        "fc1": Style(col.what + ", 4h/t", col.shard, col.build),                 # SwiGLU: [gate_r; up_r]
-        "fc2": row,
-        "output": Style(("g (all-gather seq)" if sp else "f") + " -> vocab rows V/t", _column, col.build),
-        "loss": Style("vocab-parallel cross-entropy", lambda m, t, r, e: e,
-                      lambda m, g, e: VocabParallelCrossEntropyLoss(g)),
-    }
+    """{role: Style} for every role the TP plan cuts (``labkit.roles``: plan "tp" and a cut),
+    applied in module order by :func:`apply`. The other roles are other plans' (the routed experts
+    and the router the expert-parallel plan's, the core attention the CP plan's)."""
+    return {r.name: _style(r, sequence_parallel) for r in roles.ROLES.values()
+            if r.plan == "tp" and r.cut != "none"}
 
 
 def layer_plan(sequence_parallel: bool = False) -> dict[str, Style]:
@@ -140,6 +156,7 @@ def apply_plan(model: nn.Module, styles: dict[str, Style], group: Group,
     """Replace or tag every module whose role has a style, refining ``plan`` in place (a fresh one
     made from ``model``'s parameters if None); returns ``model``. Megatron's tags come from the plan."""
     plan = sp_.initial(model) if plan is None else plan
+    roles.of_parameters(model)               # fails closed: a parameter with no role, a role not in the table
     t, r = group.size, group.rank
     for name, module in list(model.named_modules()):
         style = styles.get(getattr(module, "role", None))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import comm
+from .. import comm, roles
 from ..groups import Group
 from ..param_attrs import tag
 from .tp_comm import scatter_to_sequence
@@ -53,12 +53,14 @@ class ScatterToSequence(nn.Module):
 
 
 def mark_sequence_parallel(module: nn.Module) -> None:
-    """Tag ``sequence_parallel`` the parameters of every module of role "norm" in ``module`` (the
-    Megatron tag only; the engine reads the shard plan, tensor_parallel/plan.py)."""
-    for m in module.modules():
-        if getattr(m, "role", None) == "norm":
-            for p in m.parameters(recurse=False):
-                tag(p, sequence_parallel=True)
+    """Tag ``sequence_parallel`` the parameters replicated over tp whose gradient is summed over tp
+    under SP (``labkit.roles``: the norms, the QK-layernorm, the router), the Megatron tag only; the
+    engine reads the shard plan (tensor_parallel/plan.py). Read from the role table, not a name."""
+    by_param = roles.of_parameters(module)
+    for name, p in module.named_parameters():
+        r = by_param[name]
+        if r.cut == "replicated" and r.summed_over_tp(True):
+            tag(p, sequence_parallel=True)
 
 
 # ---------------------------------------------------------------------------------------------
