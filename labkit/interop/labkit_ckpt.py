@@ -29,7 +29,7 @@ def read_checkpoint(load) -> tuple[TrainConfig, GPTConfig, dict]:
         raise ValueError(f"{load}: no labkit checkpoint there")
     found = files.verify(path)
     cfg = train_config(**found.info["config"])
-    model_cfg = cfg.model_config(tp=found.info["layout"]["tp"])   # the vocabulary as padded then
+    model_cfg = cfg.model_config()              # the vocabulary as padded under the run's TP
     meta = files.read_metadata(found.path)
     state = {k: torch.empty(md.size, dtype=md.properties.dtype)
              for k, md in meta.state_dict_metadata.items() if k.startswith("model.") and hasattr(md, "size")}
