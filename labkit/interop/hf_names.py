@@ -30,10 +30,21 @@ Every transform is a reshape, a slice, a concatenation or a transpose: a round t
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import torch
 
 FAMILIES = ("gpt2", "llama", "mixtral")
 LAYER = "decoder.layers.{i}."
+
+
+@contextlib.contextmanager
+def one_process():
+    """DCP without a process group, on purpose (a converter is one process): no warning about it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def family(cfg) -> str:

@@ -18,7 +18,8 @@ import torch.distributed.checkpoint as dcp
 
 from ..checkpoint import files
 from ..config import BYTE_VOCAB_SIZE, TrainConfig, padded_vocab_size, train_config
-from ..spec import GPTConfig, preset_args  # noqa: F401 - preset_args: the fields a run takes
+from ..spec import GPTConfig
+from .hf_names import one_process
 
 
 def read_checkpoint(load) -> tuple[TrainConfig, GPTConfig, dict]:
@@ -33,7 +34,8 @@ def read_checkpoint(load) -> tuple[TrainConfig, GPTConfig, dict]:
     meta = files.read_metadata(found.path)
     state = {k: torch.empty(md.size, dtype=md.properties.dtype)
              for k, md in meta.state_dict_metadata.items() if k.startswith("model.") and hasattr(md, "size")}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.path)), no_dist=True)
+    with one_process():
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.path)), no_dist=True)
     return cfg, model_cfg, {k.removeprefix("model."): v for k, v in state.items()}
 
 
@@ -71,7 +73,8 @@ def write_checkpoint(state: dict, cfg: TrainConfig, save, seed: int = 0) -> Path
     out["optimizer.step"] = None                      # AdamW starts afresh: no step, no moments
     final = files.iteration_dir(save, 0)
     final.mkdir(parents=True, exist_ok=False)
-    dcp.save(out, storage_writer=dcp.FileSystemWriter(str(final)), no_dist=True)
+    with one_process():
+        dcp.save(out, storage_writer=dcp.FileSystemWriter(str(final)), no_dist=True)
     info = {"format": files.FORMAT, "iteration": 0, "consumed_samples": 0, "seed": seed,
             "model": files.model_fields(cfg), "layout": {"converted": "dense weights"},
             "config": asdict(cfg), "optimizer_states": [], "torch": torch.__version__}

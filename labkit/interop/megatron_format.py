@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
+from .hf_names import one_process
+
 EXPERT, COMMON = "mlp.experts.local_experts.", "common_state/shard_0_1"
 TE_NORMS = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_", "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
@@ -144,7 +146,8 @@ def export_megatron(state: dict, cfg, save, spec: str = "local", iteration: int 
     buf = io.BytesIO()
     torch.save([common], buf)   # Megatron's ShardedObject bytes: a list of the ranks' data
     out[COMMON] = buf
-    dcp.save(out, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
+    with one_process():
+        dcp.save(out, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
     (folder / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
     (Path(save) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
     return {"files": {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}}
@@ -165,7 +168,8 @@ def read_megatron(folder) -> tuple[dict, dict]:
         common = torch.load(folder / "common.pt", weights_only=False)
     else:
         tensors[COMMON] = io.BytesIO()
-    dcp.load(tensors, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    with one_process():
+        dcp.load(tensors, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
     if COMMON in tensors:
         buf = tensors.pop(COMMON)
         buf.seek(0)
