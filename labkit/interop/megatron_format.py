@@ -18,15 +18,22 @@ fc1 as [gate; up]. What ``dist_checkpointing`` adds, read from Megatron-LM at co
   l. 427-497), so the global fc1 is [gate; up] for any TP. The vocabulary is the padded one.
 * **Tied output layers are not stored** (language_module.py l. 436-507: the last stage's copy points
   at ``embedding.word_embeddings.weight``).
-* **Files**: DCP's ``.metadata`` and ``__R_I.distcp``, ``metadata.json`` = {"sharded_backend":
-  "torch_dist", "sharded_backend_version": 1} (core.py ``CheckpointingConfig``), and the common
-  (non-tensor) state as one ShardedObject "common_state" in the DCP files (serialization.py
-  l. 404-410; a legacy ``common.pt`` file is read too, l. 193-229), in Megatron's tree
-  ``latest_checkpointed_iteration.txt`` + ``iter_0000000/``.
+* **Files**: DCP's ``.metadata`` and ``__R_I.distcp``; ``metadata.json`` = {"sharded_backend":
+  "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}
+  (core.py ``CheckpointingConfig``; d98e8a64 dropped the two common_* fields and ignores them when
+  read); the common (non-tensor) state in ``common.pt``, which megatron-core 0.16.1 requires and
+  d98e8a64 still reads first (serialization.py l. 193-229; it writes the newer "common_state"
+  ShardedObject instead, which :func:`read_megatron` reads too); Megatron's tree
+  ``latest_checkpointed_iteration.txt`` + ``iter_0000000/``. Not written: the linears'
+  ``_extra_state`` objects (None without Transformer Engine / FP8): drop them from the sharded state
+  dict you load with, as tests/test_interop_megatron.py does.
 
-``spec="te"`` writes the Transformer Engine spec's names, where the layer norms are fused into the
-next linear (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``); MoE under the TE
-spec (TEGroupedMLP's ``weight0..E-1``) is refused.
+* **Layer norms take the name of the linear they precede**, in the local spec too:
+  ``get_gpt_layer_local_spec`` (models/gpt/gpt_layer_specs.py, l. 459-462) maps ``input_layernorm.``
+  to ``self_attention.linear_qkv.layer_norm_`` and ``pre_mlp_layernorm.`` to
+  ``mlp.linear_fc1.layer_norm_`` (MoE layers included), so its checkpoints load into the Transformer
+  Engine spec, whose linears hold the norm. (The TE spec's MoE layers keep ``pre_mlp_layernorm`` and
+  store experts as TEGroupedMLP's ``weight0..E-1``: not written here.)
 """
 from __future__ import annotations
 
@@ -41,7 +48,10 @@ import torch.distributed.checkpoint as dcp
 from .hf_names import one_process
 
 EXPERT, COMMON = "mlp.experts.local_experts.", "common_state/shard_0_1"
-TE_NORMS = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_", "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+METADATA = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch",
+            "common_backend_version": 1}
+FUSED_NORMS = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_",
+               "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
 
 def homogeneous(cfg) -> bool:
@@ -49,14 +59,7 @@ def homogeneous(cfg) -> bool:
     return cfg.num_experts is None or cfg.moe_layer_freq == 1
 
 
-def _te(sub: str, cfg, moe_layer: bool) -> str:
-    for norm, fused in TE_NORMS.items():
-        if sub.startswith(norm) and not (moe_layer and norm == "pre_mlp_layernorm."):
-            return fused + sub.removeprefix(norm)
-    return sub
-
-
-def key_of(name: str, cfg, spec: str = "local") -> tuple[str, tuple]:
+def key_of(name: str, cfg) -> tuple[str, tuple]:
     """(Megatron key, index into it) of labkit's dense ``name``: ``decoder.layers.3.mlp.experts.
     local_experts.5.linear_fc1.weight`` -> (``decoder.layers.mlp.experts.experts.linear_fc1.weight``, (3, 5))."""
     if not name.startswith("decoder.layers."):
@@ -67,24 +70,17 @@ def key_of(name: str, cfg, spec: str = "local") -> tuple[str, tuple]:
     if sub.startswith(EXPERT):
         e, rest = sub.removeprefix(EXPERT).split(".", 1)
         sub, index = "mlp.experts.experts." + rest, index + (int(e),)
-    if spec == "te":
-        sub = _te(sub, cfg, cfg.num_experts is not None and cfg.moe_layers()[int(layer)])
+    for norm, fused in FUSED_NORMS.items():
+        if sub.startswith(norm):
+            sub = fused + sub.removeprefix(norm)
     return prefix + sub, index
 
 
-def _check_spec(cfg, spec: str) -> None:
-    if spec not in ("local", "te"):
-        raise ValueError(f"spec must be 'local' or 'te', got {spec!r}")
-    if spec == "te" and cfg.num_experts is not None:
-        raise ValueError("spec='te' with experts: TEGroupedMLP stores linear_fc1.weight0..E-1, not written here")
-
-
-def to_megatron(state: dict, cfg, spec: str = "local") -> dict:
+def to_megatron(state: dict, cfg) -> dict:
     """labkit's dense state dict -> {Megatron key: global tensor} (stacked over layers and experts)."""
-    _check_spec(cfg, spec)
     groups: dict[str, dict] = {}
     for name, t in state.items():
-        key, index = key_of(name, cfg, spec)
+        key, index = key_of(name, cfg)
         groups.setdefault(key, {})[index] = t
     out = {}
     for key, parts in groups.items():
@@ -99,15 +95,14 @@ def to_megatron(state: dict, cfg, spec: str = "local") -> dict:
     return out
 
 
-def from_megatron(tensors: dict, cfg, spec: str = "local") -> dict:
+def from_megatron(tensors: dict, cfg) -> dict:
     """{Megatron key: global tensor} -> labkit's dense state dict (every tensor used, all of it)."""
-    _check_spec(cfg, spec)
     from ..model import GPT
     with torch.device("meta"):
         names = [n for n, _ in GPT(cfg).named_parameters()]
     out, where = {}, {}
     for name in names:
-        key, index = key_of(name, cfg, spec)
+        key, index = key_of(name, cfg)
         if key not in tensors:
             raise ValueError(f"the Megatron checkpoint has no {key!r} (for labkit's {name})")
         out[name] = tensors[key][index] if index else tensors[key]
@@ -120,7 +115,7 @@ def from_megatron(tensors: dict, cfg, spec: str = "local") -> dict:
     return out
 
 
-def import_megatron(folder, cfg=None, spec: str = "local") -> tuple:
+def import_megatron(folder, cfg=None) -> tuple:
     """(model spec, labkit dense state dict) of a torch_dist checkpoint; the spec from the common
     state labkit wrote, or ``cfg`` (a GPTConfig) for a checkpoint Megatron wrote."""
     from ..spec import GPTConfig
@@ -132,23 +127,21 @@ def import_megatron(folder, cfg=None, spec: str = "local") -> tuple:
         if isinstance(fields.get("moe_layer_freq"), list):
             fields["moe_layer_freq"] = tuple(fields["moe_layer_freq"])
         cfg = GPTConfig(**fields)
-    return cfg, from_megatron(tensors, cfg, spec)
+    return cfg, from_megatron(tensors, cfg)
 
 
-def export_megatron(state: dict, cfg, save, spec: str = "local", iteration: int = 0) -> dict:
+def export_megatron(state: dict, cfg, save, iteration: int = 0) -> dict:
     """Write Megatron's tree ``save/latest_checkpointed_iteration.txt`` + ``save/iter_0000000/``
-    (DCP files, metadata.json, the common state). Returns {"files": {name: bytes}}."""
+    (DCP files, metadata.json, common.pt). Returns {"files": {name: bytes}}."""
     folder = Path(save) / f"iter_{iteration:07d}"
     folder.mkdir(parents=True, exist_ok=False)
-    out = {k: v.detach().contiguous() for k, v in to_megatron(state, cfg, spec).items()}
+    out = {k: v.detach().contiguous() for k, v in to_megatron(state, cfg).items()}
     common = {"checkpoint_version": 3.0, "iteration": iteration,
               "labkit_model": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}}
-    buf = io.BytesIO()
-    torch.save([common], buf)   # Megatron's ShardedObject bytes: a list of the ranks' data
-    out[COMMON] = buf
     with one_process():
         dcp.save(out, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
-    (folder / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
+    torch.save(common, folder / "common.pt")
+    (folder / "metadata.json").write_text(json.dumps(METADATA))
     (Path(save) / "latest_checkpointed_iteration.txt").write_text(str(iteration))
     return {"files": {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}}
 
@@ -165,7 +158,7 @@ def read_megatron(folder) -> tuple[dict, dict]:
     tensors = {k: torch.empty(md.size, dtype=md.properties.dtype)
                for k, md in meta.state_dict_metadata.items() if hasattr(md, "size")}
     if (folder / "common.pt").is_file():
-        common = torch.load(folder / "common.pt", weights_only=False)
+        common = torch.load(folder / "common.pt", weights_only=True)
     else:
         tensors[COMMON] = io.BytesIO()
     with one_process():
