@@ -5,7 +5,8 @@ CPU stand-ins, each for a CUDA call on a path that does no GPU work here: the mo
 tracker's ``fork`` (dropout is 0, so no stream is drawn), ``torch.cuda.current_device`` (RoPE and
 the router move their tensors to "the current device"), the router's gating GEMM (Transformer
 Engine's, by default: F.linear here) and an explicit causal mask (the default one is built with
-``device="cuda"``). MoE uses the all-gather token dispatcher (the all-to-all one opens CUDA streams). Returns Megatron's sharded keys and global shapes, and its logits.
+``device="cuda"``). MoE uses the all-gather token dispatcher (the all-to-all one opens CUDA
+streams).
 """
 from __future__ import annotations
 

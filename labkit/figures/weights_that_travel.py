@@ -36,7 +36,8 @@ def layouts(heads: int = 4, groups: int = 2, ffn_blocks: int = 4, tp: int = 2) -
     from ..interop.hf_names import split_qkv
     from ..interop.megatron_format import key_of
     qkv, fc1, state = _rows(heads, groups, ffn_blocks)
-    w_qkv, w_fc1 = state["decoder.layers.0.self_attention.linear_qkv.weight"], state["decoder.layers.0.mlp.linear_fc1.weight"]
+    w_qkv = state["decoder.layers.0.self_attention.linear_qkv.weight"]
+    w_fc1 = state["decoder.layers.0.mlp.linear_fc1.weight"]
     lab = lambda labels, t: [labels[int(i)] for i in t.view(-1)]            # noqa: E731
     q, k, v = split_qkv(w_qkv, heads, groups, 1)
     gate, up = w_fc1.chunk(2)

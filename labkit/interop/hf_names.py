@@ -223,11 +223,13 @@ def from_hf(tensors: dict, cfg) -> dict:
                 take(h + f"self_attn.v_proj.{k}"), n, g, d)
         if fam == "llama":
             for k in kinds:
-                out[L + f"mlp.linear_fc1.{k}"] = torch.cat((take(h + f"mlp.gate_proj.{k}"), take(h + f"mlp.up_proj.{k}")))
+                out[L + f"mlp.linear_fc1.{k}"] = torch.cat((take(h + f"mlp.gate_proj.{k}"),
+                                                            take(h + f"mlp.up_proj.{k}")))
         else:
             for e in range(cfg.num_experts):
                 out[L + f"mlp.experts.local_experts.{e}.linear_fc1.weight"] = torch.cat(
-                    (take(h + f"block_sparse_moe.experts.{e}.w1.weight"), take(h + f"block_sparse_moe.experts.{e}.w3.weight")))
+                    (take(h + f"block_sparse_moe.experts.{e}.w1.weight"),
+                     take(h + f"block_sparse_moe.experts.{e}.w3.weight")))
     left = sorted(set(tensors) - used)
     if left:
         raise ValueError(f"{len(left)} tensors of the {fam} checkpoint have no place in labkit's model "
