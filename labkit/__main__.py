@@ -7,6 +7,7 @@
     python -m labkit experiments list|run ID [--scale cpu] [--megatron]|report   (a tutorial's runs)
     python -m labkit train ... --save DIR --save-interval N --load DIR [--async-save]   (checkpoints)
     python -m labkit diverge --world-size 2 --tensor-model-parallel-size 2 --inject same_seed_tp
+    python -m labkit export --load CKPT --hf OUT | --megatron OUT;  import --hf FOLDER --save CKPT
 
 Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
 """
@@ -137,9 +138,17 @@ def _diverge(argv) -> int:
     return diverge_main(argv, train_parser)
 
 
+def _interop(name):
+    def run(argv) -> int:   # labkit.interop: Hugging Face / Megatron-Core folders in and out
+        from .interop import cli
+        return getattr(cli, name)(argv)
+    return run
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments, "diverge": _diverge}
+    commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments, "diverge": _diverge,
+                "export": _interop("export_main"), "import": _interop("import_main")}
     try:
         from .calc import cli as calc_cli
         commands["estimate"] = calc_cli.main

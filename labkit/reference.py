@@ -23,13 +23,14 @@ from .moe_stats import attach, stats_table, summarize
 
 
 def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture_grads: bool = False,
-                    return_model: bool = False, probe=None, **config):
+                    return_model: bool = False, probe=None, weights: dict | None = None, **config):
     """Losses of ``steps`` iterations on one device; arguments as for ``labkit.train``.
 
     Returns the list of losses, or a dict {"losses", "grad_norms", "grads" (after step 1, if
     ``capture_grads``), "model" (if ``return_model``), "moe" (MoE: the logged values per step,
     as ``labkit.train`` reports them), "probe"} when any is asked for. ``probe(model)``: makes a
     probe (``labkit.debug``) told ``begin(iteration)`` before each iteration and ``end()`` after the last.
+    ``weights``: a dense state dict the model starts from instead of its seeded initialization.
 
     A MoE model routes each microbatch on its own, as Megatron does on one GPU with gradient
     accumulation: the load-balancing loss and the expert capacity are per microbatch (its
@@ -38,6 +39,8 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     """
     cfg = train_config(**config)
     topo = cfg.validate(world_size)
+    if weights is not None and (cfg.bf16 or cfg.fp16):
+        raise ValueError("weights= starts the float32/float64 reference only")
     if cfg.bf16 or cfg.fp16:                # one thread, as labkit's ranks: a CPU kernel's reduction
         threads = torch.get_num_threads()   # order (so a 16-bit gradient's rounding) follows it
         torch.set_num_threads(1)
@@ -46,6 +49,8 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
         finally:
             torch.set_num_threads(threads)
     model = GPT(cfg.model_config(), seed=seed).to(getattr(torch, cfg.params_dtype))
+    if weights is not None:     # start from given dense weights (labkit.interop: imported ones)
+        model.load_state_dict(weights)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
                             eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     tokens = data.load_tokens() if cfg.data_path is None else None
