@@ -19,17 +19,26 @@ from torch.testing import assert_close
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed: pip install -r requirements-megatron.txt")
 
-from labkit.megatron.compare import Layout, run_layouts  # noqa: E402
+from labkit.config import preset_args  # noqa: E402
+from labkit.megatron.compare import Layout, max_diffs, run_layouts  # noqa: E402
 
 MODEL = dict(hidden_size=32, num_attention_heads=4, seq_length=16, global_batch_size=8)
 GRAD = dict(rtol=1e-12, atol=1e-12)
 LOSS = dict(rtol=1e-11, atol=1e-11)
 PP = dict(pipeline_model_parallel_size=2, num_layers=4)
+VPP = dict(PP, num_layers_per_virtual_pipeline_stage=1)
+# the Llama family (RMSNorm, SwiGLU, RoPE, no biases, untied): 8 heads in 2 K/V groups (g = t = 2),
+# and in 1 group (g < t: Megatron all-gathers the fused QKV output and keeps its group's slice)
+LLAMA = dict(MODEL, **preset_args("llama3-tiny", num_layers=2))
+SP2 = dict(tensor_model_parallel_size=2, sequence_parallel=True)
 TWO_RANKS = [
     Layout("TP2", 2, dict(MODEL, tensor_model_parallel_size=2)),
-    Layout("TP2+SP", 2, dict(MODEL, tensor_model_parallel_size=2, sequence_parallel=True)),
+    Layout("TP2+SP", 2, dict(MODEL, **SP2)),
     Layout("DP2 (Megatron DDP)", 2, dict(MODEL)),
     Layout("PP2 1F1B, tied", 2, dict(MODEL, **PP)),
+    Layout("PP2 interleaved (v=2), tied", 2, dict(MODEL, **VPP)),
+    Layout("Llama TP2+SP, GQA g=t=2", 2, dict(LLAMA, **SP2)),
+    Layout("Llama TP2+SP, GQA g=1<t", 2, dict(LLAMA, **SP2, num_query_groups=1)),
 ]
 
 
@@ -66,3 +75,27 @@ def test_megatron_collectives_run_on_the_layouts_axes(two_ranks):
     assert {("tp", "all_gather"), ("tp", "reduce_scatter")} <= sent("TP2+SP")
     assert sent("DP2 (Megatron DDP)") == {("dp", "all_reduce")}
     assert sent("PP2 1F1B, tied") == {("pp", "send"), ("embd", "all_reduce")}
+
+
+def test_batched_p2p_with_two_interleaved_stages_swaps_activation_and_gradient():
+    """Megatron-Core's TransformerConfig defaults to batch_p2p_comm=True. Interleaved with pp = 2,
+    a rank's previous and next stage are the same rank, and in the steady state one batch holds
+    [send gradient to prev, recv activation from prev, send activation to next, recv gradient from
+    next]: both ranks post it in that order, so the first send (a gradient) lands in the first
+    receive (an activation): same shape, no error, wrong numbers from the second microbatch group
+    on. Megatron-LM's arguments never build this (interleaved: overlap_p2p_comm, batch_p2p_comm
+    off), nor does labkit.megatron; on NCCL untested here. Both runs below differ only in that flag."""
+    lay = TWO_RANKS[4]
+    runs = run_layouts([lay, Layout("batched", 2, lay.config, {"batch_p2p": True})], steps=1)
+    ref = runs[lay.name]["reference"]
+    assert max_diffs(runs[lay.name]["megatron"], ref)[0] < 1e-11
+    loss, grad = max_diffs(runs["batched"]["megatron"], ref)
+    assert loss > 1e-4 and grad > 1e-3, (loss, grad)
+
+
+def test_tp_sp_pp_dp_on_eight_ranks():
+    """TP2+SP x PP2 x DP2 (8 ranks), tied embeddings: Megatron's DDP over dp, SP norms summed over
+    tp, the tied embedding summed over the first and last stage, 1F1B over 4 microbatches."""
+    lay = Layout("TP2+SP x PP2 x DP2, tied", 8, dict(MODEL, **SP2, **PP, global_batch_size=16))
+    r = run_layouts([lay], steps=2)[lay.name]
+    assert_same_training(r["megatron"], r["reference"], lay.name)

@@ -49,8 +49,10 @@ def init_parallel_state(cfg, topo) -> None:
     model_parallel_cuda_manual_seed(1234)
 
 
-def transformer_config(cfg, dtype):
-    """TrainConfig -> megatron.core TransformerConfig (every fused kernel off: the local spec)."""
+def transformer_config(cfg, dtype, batch_p2p: bool = False):
+    """TrainConfig -> megatron.core TransformerConfig (every fused kernel off: the local spec).
+    ``batch_p2p``: interleaved pipelines batch their p2p too (Megatron-Core's TransformerConfig
+    default; the tests' reproducer of the swap)."""
     from megatron.core.transformer import TransformerConfig
     v = cfg.virtual_pipeline_size()
     moe = {}
@@ -83,7 +85,12 @@ def transformer_config(cfg, dtype):
         bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
         apply_rope_fusion=False, gradient_accumulation_fusion=False, persist_layer_norm=False,
         cross_entropy_loss_fusion=False,
-        batch_p2p_comm=True, batch_p2p_sync=False,   # batch_p2p_sync: torch.cuda.synchronize()
+        # batch_p2p_sync: a torch.cuda.synchronize(). Interleaved: Megatron-LM's defaults
+        # (arguments.py: overlap_p2p_comm, batch_p2p_comm = not overlap_p2p_comm); batched, with
+        # pp = 2 a rank sends its activation and its gradient to the same peer in one batch and
+        # the two are matched in the wrong order (tests/test_megatron.py shows it)
+        batch_p2p_comm=(v == 1) or batch_p2p, overlap_p2p_comm=(v > 1) and not batch_p2p,
+        batch_p2p_sync=False,
         **moe)
 
 
@@ -123,12 +130,12 @@ def _swap(spec, old, new, seen=None) -> None:
             _swap(val, old, new, seen)
 
 
-def build_model(cfg, dtype) -> list:
+def build_model(cfg, dtype, batch_p2p: bool = False) -> list:
     """This rank's GPTModel chunks (one per virtual pipeline stage), DDP-wrapped."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
-    tcfg = transformer_config(cfg, dtype)
+    tcfg = transformer_config(cfg, dtype, batch_p2p)
     v = cfg.virtual_pipeline_size()
     chunks = []
     for vp in range(v):
@@ -143,12 +150,24 @@ def build_model(cfg, dtype) -> list:
             vp_stage=vp_stage)
         # the whole chunk in params_dtype, as Megatron's Float16Module casts it to bf16/fp16: the
         # learned position table is a plain torch.nn.Embedding, made in fp32 whatever params_dtype
-        chunks.append(model.to(dtype))
+        chunks.append(_float64_rope(model.to(dtype), cfg))
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=False, overlap_grad_reduce=False,
         use_distributed_optimizer=cfg.use_distributed_optimizer)
     return [DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=m,
                                     disable_bucketing=(i > 0)) for i, m in enumerate(chunks)], tcfg
+
+
+def _float64_rope(model, cfg):
+    """FLOAT64 (documented, as the cross-entropy and the grad norm of cpu_standins): Megatron's
+    RotaryEmbedding (models/common/embeddings/rotary_pos_embedding.py) makes ``inv_freq`` in fp32,
+    so its angles (position x inv_freq) and cos/sin are fp32 by design (1e-7 off a float64 oracle).
+    In a float64 run the same formula in float64; every later step reads ``inv_freq.dtype``."""
+    rope = getattr(model, "rotary_pos_emb", None)
+    if rope is not None and model.config.params_dtype == torch.float64:
+        d = rope.inv_freq.numel() * 2
+        rope.inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    return model
 
 
 def build_optimizer(cfg, chunks):

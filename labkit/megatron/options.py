@@ -32,9 +32,9 @@ RULES = {
     "dropout": "dropout: Megatron draws its masks from its own RNG tracker streams, not labkit's, "
                "so the one-device oracle cannot judge the run; set hidden_dropout and "
                "attention_dropout to 0",
-    "gqa_tp": "num_query_groups not a multiple of tensor_model_parallel_size: Megatron-Core's "
-              "TransformerConfig requires num_query_groups % tensor_model_parallel_size == 0 (labkit "
-              "copies a K/V group onto several tp ranks, Megatron does not)",
+    "gqa_tp": "num_query_groups neither a multiple nor a divisor of tensor_model_parallel_size: "
+              "Megatron-Core's TransformerConfig refuses it (with g < t it all-gathers the fused "
+              "QKV output and keeps its group's slice: transformer/attention.py)",
     "moe": "num_experts: MoE through Megatron-Core is not wired in labkit.megatron yet",
     "distopt_dtype": "use_distributed_optimizer with float64: Megatron's distributed optimizer keeps "
                      "fp32 main parameters (its dtype table knows fp32/fp16/bf16 only)",
@@ -68,7 +68,7 @@ def refusals(cfg, world_size: int) -> list[tuple[str, str]]:
         rules.append("schedule")
     if cfg.hidden_dropout or cfg.attention_dropout:
         rules.append("dropout")
-    if topo.tp > 1 and cfg.query_groups % topo.tp:
+    if topo.tp > 1 and cfg.query_groups % topo.tp and topo.tp % cfg.query_groups:
         rules.append("gqa_tp")
     if cfg.num_experts is not None:
         rules.append("moe")

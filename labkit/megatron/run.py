@@ -51,10 +51,12 @@ def _step(cfg, topo, chunks, tcfg, optimizer, microbatches, counter):
 
 
 def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool, log_line=None,
-           capture_params: bool = False, negative_control: bool = False) -> dict:
+           capture_params: bool = False, negative_control: bool = False, batch_p2p: bool = False) -> dict:
     """Runs on every rank (``labkit.launch``): the same return value as ``labkit.training._worker``.
     ``capture_params``: the weights after the last step too (the distributed optimizer's check).
-    ``negative_control``: the SP norms left untagged (Megatron's torch norm as shipped)."""
+    ``negative_control``: the SP norms left untagged (Megatron's torch norm as shipped).
+    ``batch_p2p``: an interleaved pipeline's p2p batched (TransformerConfig's default, not
+    Megatron-LM's: the reproducer of the pp = 2 swap)."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import finalize_model_grads
 
@@ -73,7 +75,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool, l
         SPTorchNorm.tag = not negative_control
         init_parallel_state(cfg, topo)
         try:
-            chunks, tcfg = build_model(cfg, dtype)
+            chunks, tcfg = build_model(cfg, dtype, batch_p2p)
             load(chunks, GPT(cfg.model_config(), seed=seed).to(dtype))
             tcfg.finalize_model_grads_func = finalize_model_grads
             tcfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
