@@ -36,8 +36,10 @@ RULES = {
               "Megatron-Core's TransformerConfig refuses it (with g < t it all-gathers the fused "
               "QKV output and keeps its group's slice: transformer/attention.py)",
     "moe": "num_experts: MoE through Megatron-Core is not wired in labkit.megatron yet",
-    "distopt_dtype": "use_distributed_optimizer with float64: Megatron's distributed optimizer keeps "
-                     "fp32 main parameters (its dtype table knows fp32/fp16/bf16 only)",
+    "distopt_dtype": "use_distributed_optimizer with float64: Megatron's distributed optimizer "
+                     "copies each shard's gradient to its main parameter with .float() "
+                     "(optimizer/distrib_optimizer.py _copy_model_grads_to_main_grads), which torch "
+                     "refuses for a float64 parameter; use params_dtype float32",
 }
 
 
