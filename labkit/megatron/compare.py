@@ -79,3 +79,29 @@ def run_layouts(layouts, steps: int = 2, seed: int = 0, dtype: str = "float64",
                     world_size=lay.world_size, steps=steps, seed=seed, capture_grads=True,
                     return_model=True, **dict(lay.config, params_dtype=dtype))
     return runs
+
+
+# the chapter's layouts ("One layout, three implementations"), 2 ranks each, GPT-2 family, float64
+CHAPTER_MODEL = dict(hidden_size=32, num_attention_heads=4, seq_length=16, global_batch_size=8)
+CHAPTER = [Layout("TP2+SP", 2, dict(CHAPTER_MODEL, tensor_model_parallel_size=2, sequence_parallel=True)),
+           Layout("DP2", 2, dict(CHAPTER_MODEL)),
+           Layout("PP2 1F1B", 2, dict(CHAPTER_MODEL, pipeline_model_parallel_size=2, num_layers=4))]
+
+
+def summary(runs: dict, steps: int) -> dict:
+    """What the chapter prints (and data/megatron_chapter.json records): per layout and
+    implementation, the losses, the max |difference| from the reference (losses, gradients) and
+    rank 0's bytes per step by (axis, collective); plain numbers, JSON-ready."""
+    out = {}
+    for name, r in runs.items():
+        ref = r["reference"]
+        out[name] = {}
+        for impl in ("megatron", "labkit"):
+            if impl not in r:
+                continue
+            loss, grad = max_diffs(r[impl], ref)
+            comm = {f"{axis} {op}": c["bytes"] / steps for axis, ops in r[impl]["comm"][0].items()
+                    for op, c in ops.items() if c["bytes"] > 0 and op != "p2p_header"}
+            out[name][impl] = {"losses": r[impl]["losses"], "loss_diff": loss, "grad_diff": grad,
+                               "bytes_per_step": comm}
+    return out
