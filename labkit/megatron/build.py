@@ -8,7 +8,6 @@ and Megatron's optimizer. The weights are labkit's dense model's, cut by ``weigh
     pipeline_model_parallel_size (+ v)           one GPTModel per virtual stage (vp_stage)
     normalization, swiglu, rope, GQA, biases     get_gpt_layer_local_spec + TransformerConfig
     untie_embeddings_and_output_weights          share_embeddings_and_output_weights
-    num_experts, expert_model_parallel_size ...  MoELayer (SequentialMLP), expert-TP
     use_distributed_optimizer                    DistributedDataParallelConfig + DistributedOptimizer
 """
 from __future__ import annotations
@@ -55,15 +54,6 @@ def transformer_config(cfg, dtype, batch_p2p: bool = False):
     default; the tests' reproducer of the swap)."""
     from megatron.core.transformer import TransformerConfig
     v = cfg.virtual_pipeline_size()
-    moe = {}
-    if cfg.num_experts is not None:
-        moe = dict(num_moe_experts=cfg.num_experts, moe_router_topk=cfg.moe_router_topk,
-                   moe_ffn_hidden_size=cfg.moe_ffn_hidden_size,
-                   moe_token_dispatcher_type=cfg.moe_token_dispatcher_type,
-                   moe_aux_loss_coeff=cfg.moe_aux_loss_coeff,
-                   moe_router_load_balancing_type=cfg.moe_router_load_balancing_type,
-                   moe_expert_capacity_factor=cfg.moe_expert_capacity_factor,
-                   moe_grouped_gemm=False, moe_router_dtype=None)
     return TransformerConfig(
         num_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads, num_query_groups=cfg.query_groups,
@@ -76,8 +66,6 @@ def transformer_config(cfg, dtype, batch_p2p: bool = False):
         sequence_parallel=cfg.sequence_parallel,
         pipeline_model_parallel_size=cfg.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=v if v > 1 else None,
-        expert_model_parallel_size=cfg.expert_model_parallel_size,
-        expert_tensor_parallel_size=cfg.expert_tensor_parallel_size,
         params_dtype=dtype, pipeline_dtype=dtype, use_cpu_initialization=True,
         # Megatron's own init (overwritten by weights.load): it also sets the tensor-parallel
         # attributes (tensor_model_parallel, partition_dim) the grad norm and the map read
@@ -90,8 +78,7 @@ def transformer_config(cfg, dtype, batch_p2p: bool = False):
         # pp = 2 a rank sends its activation and its gradient to the same peer in one batch and
         # the two are matched in the wrong order (tests/test_megatron.py shows it)
         batch_p2p_comm=(v == 1) or batch_p2p, overlap_p2p_comm=(v > 1) and not batch_p2p,
-        batch_p2p_sync=False,
-        **moe)
+        batch_p2p_sync=False)
 
 
 def block_spec(cfg, tcfg, vp_stage):

@@ -13,8 +13,7 @@ number is ``layer.layer_number - 1``) and the cut of a tensor-parallel parameter
       output layer, qkv/fc1 biases)
     linear_proj, linear_fc2  [h, N/t]             columns r*N/t .. (r+1)*N/t (``partition_dim`` 1)
     norms, position table, row-parallel biases    the whole tensor (replicated over TP)
-    MoE experts: mlp.experts.local_experts.j      expert ep_rank * E/ep + j, cut over expert-TP
-    router weight                                 the whole tensor
+(MoE is refused for now, options.py rule "moe": its experts' map is not written.)
 
 The gradients come back the same way: each TP-cut gradient is all-gathered over its TP group (a
 bookkeeping gather outside the counted step), put in the dense order, and reported by the ranks
@@ -29,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
 def dense_name(chunk, name: str) -> str:
@@ -39,12 +37,6 @@ def dense_name(chunk, name: str) -> str:
     if m:
         layer = chunk.decoder.layers[int(m.group(1))]
         name = f"decoder.layers.{layer.layer_number - 1}." + name[m.end():]
-    e = _EXPERT.search(name)
-    if e:
-        from megatron.core import parallel_state as ps
-        n_local = chunk.config.num_moe_experts // ps.get_expert_model_parallel_world_size()
-        expert = ps.get_expert_model_parallel_rank() * n_local + int(e.group(1))
-        name = name[:e.start()] + f".mlp.experts.local_experts.{expert}." + name[e.end():]
     return name
 
 
@@ -53,10 +45,7 @@ def _tp(param):
     from megatron.core import parallel_state as ps
     if not getattr(param, "tensor_model_parallel", False):
         return None
-    if getattr(param, "allreduce", True) is False:          # an expert: expert-TP
-        g = ps.get_expert_tensor_parallel_group()
-    else:
-        g = ps.get_tensor_model_parallel_group()
+    g = ps.get_tensor_model_parallel_group()
     size = dist.get_world_size(g)
     return (g, dist.get_rank(g), size) if size > 1 else None
 
@@ -119,11 +108,7 @@ def load(chunks, dense_model) -> None:
 def _reports(param, chunk, name: str) -> bool:
     """Does this rank report ``param``'s gradient (coordinate 0 of every axis holding a copy)?"""
     from megatron.core import parallel_state as ps
-    expert = getattr(param, "allreduce", True) is False
-    if expert:
-        dp, tp = ps.get_expert_data_parallel_rank(), ps.get_expert_tensor_parallel_rank()
-    else:
-        dp, tp = ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_rank()
+    dp, tp = ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_rank()
     if name.endswith("output_layer.weight") and chunk.share_embeddings_and_output_weights:
         return False                                        # a copy of the word embeddings (summed)
     return dp == 0 and tp == 0
