@@ -183,3 +183,72 @@ def test_the_chapters_record_is_a_fresh_run(two_ranks):
             assert rec["bytes_per_step"] == r["bytes_per_step"], (name, impl)
             assert_close(torch.tensor(rec["losses"]), torch.tensor(r["losses"]), **LOSS)
             assert rec["loss_diff"] <= 1e-11 and rec["grad_diff"] <= 1e-12, (name, impl)
+
+
+def _moe_mlp_step(bias: bool) -> str:
+    """On one rank: Megatron-Core's MoE MLP of the local spec (2 experts, top-2, the allgather
+    dispatcher), forward and backward on a random [s=4, b=1, h=8]; "ran", or the error text.
+    One stand-in beyond cpu_standins: transformer/moe/moe_utils.py imports ``te_general_gemm``
+    inside ``try: from megatron.core.extensions.transformer_engine import ...``, so without
+    Transformer Engine the name is undefined and the router's ``te_general_gemm is not None`` raises
+    NameError (0.16.1); setting it None is what that check means."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.spec_utils import build_module
+
+    from labkit.megatron.cpu_standins import cpu_standins
+    with cpu_standins():
+        had, moe_utils.te_general_gemm = hasattr(moe_utils, "te_general_gemm"), getattr(moe_utils, "te_general_gemm", None)
+        ps.initialize_model_parallel()
+        model_parallel_cuda_manual_seed(0)
+        try:
+            cfg = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, num_moe_experts=2,
+                                    moe_router_topk=2, add_bias_linear=bias, use_cpu_initialization=True,
+                                    bias_activation_fusion=False, bias_dropout_fusion=False,
+                                    gradient_accumulation_fusion=False, masked_softmax_fusion=False,
+                                    moe_token_dispatcher_type="allgather", hidden_dropout=0.0,
+                                    attention_dropout=0.0)
+            mlp = build_module(get_gpt_layer_local_spec(num_experts=2).submodules.mlp, config=cfg)
+            out, out_bias = mlp(torch.randn(4, 1, 8, requires_grad=True))
+            (out.sum() + (out_bias.sum() if out_bias is not None else 0)).backward()
+            return "ran"
+        except Exception as e:  # noqa: BLE001 - the error is the result
+            return f"{type(e).__name__}: {e}"
+        finally:
+            ps.destroy_model_parallel()
+            if not had:
+                del moe_utils.te_general_gemm
+
+
+MOE_BIAS_SYMPTOM = "Output 0 of _ReduceFromModelParallelRegion is a view and is being modified inplace"
+
+
+@pytest.fixture(scope="module")
+def moe_mlp_runs():
+    from labkit.launcher import launch
+    return {bias: launch(_moe_mlp_step, 1, bias, backend="gloo")[0] for bias in (False, True)}
+
+
+def test_moe_mlp_without_biases_runs_at_world_one(moe_mlp_runs):
+    """The control of the reproducer below: the same MoE MLP without linear biases runs."""
+    assert moe_mlp_runs[False] == "ran"
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
+    "Megatron-Core 0.16.1 bug, device-independent: transformer/mlp.py MLP.forward adds an "
+    "expert's fc2 bias in place (output += output_bias * per_token_scale) to the output of its "
+    "RowParallelLinear; with expert-TP 1 and EP 1 (no explicit expert communication) that output "
+    "is _ReduceFromModelParallelRegion's input returned as is, and autograd refuses: "
+    + MOE_BIAS_SYMPTOM))
+def test_moe_mlp_with_linear_biases_runs_at_world_one(moe_mlp_runs):
+    """Minimal reproducer of the finding "MoE with linear biases fails at world 1 with an in-place
+    bias add autograd error": one rank, one MoE MLP, add_bias_linear=True. Not a CPU stand-in's
+    doing: the failing line is plain torch autograd on Megatron's own modules."""
+    got = moe_mlp_runs[True]
+    if MOE_BIAS_SYMPTOM in got:
+        raise RuntimeError(got)
+    assert got == "ran"
