@@ -33,9 +33,10 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     ap.add_argument("--log-interval", type=int, default=1)
-    ap.add_argument("--implementation", default="labkit", choices=["labkit", "native"],
-                    help="labkit's strategies, or the same layout through PyTorch's DTensor / FSDP2 / "
-                         "pipelining APIs (labkit/native/)")
+    ap.add_argument("--implementation", default="labkit", choices=["labkit", "native", "megatron"],
+                    help="labkit's strategies, the same layout through PyTorch's DTensor / FSDP2 / "
+                         "pipelining APIs (labkit/native/), or through Megatron-Core itself "
+                         "(labkit/megatron/, pip install -r requirements-megatron.txt)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the whole run")
     ap.add_argument("--verbose", action="store_true",
                     help="on a rank's failure, also print its traceback and captured output")

@@ -57,7 +57,8 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     (averaged, before clipping), reassembled under the dense model's names (for parity tests and labs).
     ``implementation``: "labkit" (this package's strategies), or "native" (or a
     ``labkit.native.NativeOptions``): the same layout through PyTorch's DTensor / FSDP2 /
-    pipelining APIs (labkit/native/).
+    pipelining APIs (labkit/native/); or "megatron": through Megatron-Core itself (labkit/megatron/,
+    needs requirements-megatron.txt; what it cannot run is a ValueError naming the rule).
     Checkpoints (``labkit.checkpoint``, Megatron's flags): ``save`` a folder, every ``save_interval``
     iterations and at the end (``async_save``: written in the background); ``load`` a folder, any
     layout: ``steps`` counts iterations in total, as ``--train-iters``, so a run loaded at iteration
@@ -68,8 +69,15 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     from .native.options import check_native, resolve
-    native = resolve(implementation)
-    if native is None:
+    megatron = isinstance(implementation, str) and implementation == "megatron"
+    native = None if megatron else resolve(implementation)
+    if megatron:
+        from .megatron.options import check_megatron, require_installed
+        check_megatron(cfg, world_size)         # a named rule for what Megatron cannot run here
+        require_installed()
+        if save or load or probe is not None:
+            raise ValueError("save, load and probe are labkit's own (implementation='labkit')")
+    elif native is None:
         cfg.validate(world_size)  # fails here, before any process starts
     else:
         check_native(cfg, world_size, native)   # and what PyTorch's APIs cannot express
@@ -86,6 +94,9 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     if native is not None:
         from .native.run import worker as fn
         extra = (native, format_iteration)
+    elif megatron:
+        from .megatron.run import worker as fn
+        extra = (format_iteration,)
     outs = launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, *extra,
                   backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     grads = None

@@ -29,7 +29,7 @@ LAYERS = {
     "labkit.pipeline_parallel": 2, "labkit.data_parallel": 2,
     # L3 composition
     "labkit.parallelize": 3, "labkit.training": 3, "labkit.reference": 3, "labkit.preflight": 3,
-    "labkit.native": 3, "labkit.checkpoint": 3,
+    "labkit.native": 3, "labkit.checkpoint": 3, "labkit.megatron": 3,
     # L4 tools
     "labkit.measure": 4, "labkit.check": 4, "labkit.megatron_bridge": 4, "labkit.widgets": 4,
     "labkit.notebooks": 4, "labkit.__main__": 4, "labkit.gpu_check": 4, "labkit.experiments": 4,
