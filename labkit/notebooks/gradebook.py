@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .grader import Options, grade_one
 from .integrity import Fingerprint
+from .preflight import check_master
 from .schema import exercises
 from .validation import validate
 
@@ -213,6 +214,8 @@ def grade(submissions, master_path, out_dir="grades", opts: Options | None = Non
     done = {(r["submission"], r.get("sha256")) for r in book["submissions"]}
     trusted = [master_path] + [p for p in [hidden_file(master_path, hidden_path)] if p.exists()]
     fingerprint = Fingerprint.of(opts.sandbox.labkit_root, *trusted)
+    if opts.check_master:                          # the set-up proven on the master before any student
+        check_master(master, master_path, opts, fingerprint)
     results = []
     try:
         for path in submissions:

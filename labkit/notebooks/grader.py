@@ -43,6 +43,7 @@ class Options:
     hidden: dict = field(default_factory=dict)     # exercise id -> [case dicts]
     workdir: str | None = None            # where the per-submission folders are made
     keep: bool = False                    # keep them (to debug a grading problem)
+    check_master: bool = True             # grade the master first, refuse unless full marks (preflight)
 
 
 def _case_result(spec, case: dict, hidden: bool, event) -> dict:
@@ -177,7 +178,9 @@ def grade_one(master, master_path: Path, path, opts: Options | None = None) -> d
         return _summary(path, [_missing(ex, "no cell id of the master found: is this a copy of "
                                         f"{Path(master_path).name}, saved with its cell ids?") for ex in exs])
     todo = jobs(master, sub)
-    tmp = Path(tempfile.mkdtemp(prefix="labkit-grade-", dir=opts.workdir))
+    if opts.workdir:
+        Path(opts.workdir).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="labkit-grade-", dir=opts.workdir)).resolve()
     try:
         notebook = tmp / "submission.ipynb"
         shutil.copyfile(path, notebook)

@@ -48,21 +48,27 @@ def results_json(result: dict | None, seconds: float, problem: str = "") -> dict
 
 def run_autograder(master_path, submission_dir="/autograder/submission",
                    results_path="/autograder/results/results.json", opts=None, hidden_path=None) -> dict:
-    from .gradebook import MasterError, load_hidden, load_master
+    from .gradebook import MasterError, hidden_file, load_hidden, load_master
     from .grader import Options, grade_one
+    from .preflight import SetupError
     t0 = time.monotonic()
     opts = opts or Options()
     try:
         master = load_master(master_path)
         if not opts.hidden:
             opts.hidden = load_hidden(Path(master_path), hidden_path)
+        if opts.check_master:
+            from .integrity import Fingerprint
+            from .preflight import check_master
+            trusted = [Path(master_path)] + [p for p in [hidden_file(Path(master_path), hidden_path)] if p.exists()]
+            check_master(master, Path(master_path), opts, Fingerprint.of(opts.sandbox.labkit_root, *trusted))
         path = find_submission(Path(submission_dir), Path(master_path))
         if path is None:
             out = results_json(None, time.monotonic() - t0, f"no notebook to grade in the submission: upload "
                                f"{Path(master_path).name}")
         else:
             out = results_json(grade_one(master, Path(master_path), path, opts), time.monotonic() - t0)
-    except MasterError as e:
+    except (MasterError, SetupError) as e:
         out = results_json(None, time.monotonic() - t0, f"the autograder is misconfigured: {e}")
     Path(results_path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(results_path).with_suffix(".tmp")

@@ -106,7 +106,9 @@ class Sandbox:
                     "-v", f"{self.labkit_root / 'labkit'}:{INSIDE}/labkit:ro",
                     "-v", f"{self.labkit_root / 'data'}:{INSIDE}/data:ro",
                     self.image, "python", *RUNNER]
-        python = os.path.realpath(sys.executable)
+        # the environment's own interpreter (a venv's bin/python), never its realpath: in a venv that
+        # is the base interpreter, which does not see the venv's packages (torch missing, master 0/6)
+        python = os.path.abspath(sys.executable)
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
                 "--hostname", "labkit-sandbox", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
@@ -115,8 +117,10 @@ class Sandbox:
             args += ["--ro-bind-try", d, d]
         made = set()
         prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                    os.path.dirname(os.path.dirname(python)))
-        for prefix in sorted({os.path.realpath(p) for p in prefixes}):
+                    os.path.dirname(os.path.dirname(python)),
+                    os.path.dirname(os.path.dirname(os.path.realpath(python))))
+        # each as written and resolved: a venv's bin/python links to the base one, by either name
+        for prefix in sorted({q for p in prefixes for q in (os.path.abspath(p), os.path.realpath(p))}):
             if prefix.startswith("/usr/"):
                 continue
             args += _dirs(Path(prefix).parent, made) + ["--ro-bind", prefix, prefix]
@@ -156,6 +160,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     ``timeout`` seconds (the start ``startup`` more, for imports). Everything it started is killed
     when it ends."""
     out, name = Outcome(), f"labkit-grade-{uuid.uuid4().hex[:12]}"
+    folder = Path(folder).resolve()           # a relative --workdir: bwrap and docker need it absolute
     folder.chmod(0o777)                       # the sandbox's user writes here
     before = children()
     t0 = time.monotonic()
