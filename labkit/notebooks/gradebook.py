@@ -222,7 +222,10 @@ def grade(submissions, master_path, out_dir="grades", opts: Options | None = Non
             digest = _sha256(path) if Path(path).is_file() else ""
             if (str(path), digest) in done:
                 continue
-            r = grade_one(master, master_path, path, opts)
+            try:
+                r = grade_one(master, master_path, path, opts)
+            except Exception as e:  # noqa: BLE001 - this submission's error row; the run goes on
+                r = broken_row(master, path, e)
             mtime = Path(path).stat().st_mtime if Path(path).exists() else None
             r = {"student_id": who[str(path)], "sha256": digest, "submitted_at": datetime.datetime.fromtimestamp(
                 mtime, datetime.timezone.utc).isoformat(timespec="seconds") if mtime else "",
@@ -242,6 +245,17 @@ def grade(submissions, master_path, out_dir="grades", opts: Options | None = Non
         if dir_fd is not None:
             os.close(dir_fd)
     return results
+
+
+def broken_row(master, path, e: BaseException) -> dict:
+    """The row of a submission the grader failed on: 0 points, the reason; written like any other, so
+    ``--resume`` goes past it."""
+    from .events import clean
+    why = clean(f"the grader failed on this submission ({type(e).__name__}: {e})", 600)
+    exs = [{"id": x.id, "status": "error", "points": 0, "max_points": x.max_points, "message": why,
+            "checked": "none", "cases": []} for x in exercises(master)]
+    return {"submission": str(path), "points": 0, "max_points": sum(x["max_points"] for x in exs),
+            "exercises": exs, "flags": [], "sandbox": "", "seconds": 0}
 
 
 def human(result: dict) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .answers import flags, jobs
+from .events import clean
 from .sandbox import Sandbox, run_job
 from .schema import Exercise, exercises
 
@@ -98,8 +99,8 @@ def _score(ex: Exercise, cases: list, notes: list, outcome, checked: str) -> dic
         msg = (first["message"] if first and first["message"] != "did not run" else "the check did not run")
         msg = "; ".join(notes) + "; then " + msg if notes else msg
     return {"id": ex.id, "status": status, "points": round(ex.max_points * passed / total, 2),
-            "max_points": ex.max_points, "message": msg[:4000], "checked": checked,
-            "cases": [{**c, "message": c["message"][:2000]} for c in cases]}
+            "max_points": ex.max_points, "message": clean(msg, 4000), "checked": checked,
+            "cases": [{**c, "name": clean(c["name"], 200), "message": clean(c["message"])} for c in cases]}
 
 
 def _legacy(ex: Exercise, outcome, timeout: float, earlier=frozenset()) -> dict:
@@ -147,15 +148,25 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
         return _legacy(ex, outcome, opts.timeout, earlier), _stuck_cell(outcome)
     cases = [(dict(c), False) for c in spec.cases] + [(dict(c), True) for c in opts.hidden.get(ex.id, [])]
     outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout)
-    data = {e["index"]: e for e in outcome.events if e.get("event") == "data" and isinstance(e.get("index"), int)}
+    return judge_outcome(ex, spec, cases, outcome, opts.timeout, skipped, earlier), _stuck_cell(outcome)
+
+
+def judge_outcome(ex: Exercise, spec, cases: list, outcome, timeout: float, skipped=(), earlier=frozenset()) -> dict:
+    """The exercise's result from what its run sent (``outcome.events``, parsed by ``events.parse``)."""
+    data = {e["index"]: e for e in outcome.events if e["event"] == "data"}
     judged = [_case_result(spec, case, hidden, data.get(k)) for k, (case, hidden) in enumerate(cases)]
-    return (_score(ex, judged, skipped + _notes(outcome, opts.timeout, earlier), outcome, "isolated"),
-            _stuck_cell(outcome))
+    return _score(ex, judged, [*skipped, *_notes(outcome, timeout, earlier)], outcome, "isolated")
 
 
 def _summary(path, results, extra=None) -> dict:
     return {"submission": str(path), "points": round(sum(r["points"] for r in results), 2),
             "max_points": sum(r["max_points"] for r in results), "exercises": results, **(extra or {})}
+
+
+def _broken(ex: Exercise, e: BaseException) -> dict:
+    return {"id": ex.id, "status": "error", "points": 0, "max_points": ex.max_points, "checked": "none",
+            "message": clean(f"the grader could not grade this exercise ({type(e).__name__}: {e})", 600),
+            "cases": []}
 
 
 def _missing(ex: Exercise, message: str) -> dict:
@@ -186,7 +197,10 @@ def grade_one(master, master_path: Path, path, opts: Options | None = None) -> d
         shutil.copyfile(path, notebook)
         results, skip, earlier = [], {}, set()
         for job in todo:                 # a cell that hung or crashed one exercise is left out of the next
-            result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip, frozenset(earlier))
+            try:
+                result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip, frozenset(earlier))
+            except Exception as e:  # noqa: BLE001 - whatever went wrong is this exercise's error, never the run's
+                result, stuck = _broken(job.exercise, e), ""
             earlier |= {where for where, _ in job.answers}
             results.append(result)
             if stuck:

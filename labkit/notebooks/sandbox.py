@@ -34,6 +34,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import events
 from .children import LIVE, children, reap, run, spawn
 
 KINDS = ("bwrap", "docker", "none")
@@ -168,7 +169,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
                  stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
                  preexec_fn=sandbox.limits.apply, env=_env(sandbox))
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
-    expect = {"cell": 0, "case": 0}
+    expect, seen = {"cell": 0, "case": 0}, set()
     try:
         try:
             proc.stdin.write(json.dumps(job).encode())
@@ -177,7 +178,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
             pass
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        buf, total, deadline, phase = b"", 0, time.monotonic() + startup + timeout, "starting and the set-up cells"
+        buf, total, deadline, phase = bytearray(), 0, time.monotonic() + startup + timeout, "starting and the set-up cells"
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -185,39 +186,48 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
                 break
             if not sel.select(min(left, 1.0)):
                 continue
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            chunk = os.read(proc.stdout.fileno(), 1 << 20)
             if not chunk:
                 break
             total += len(chunk)
-            if total > max_output:
-                out.state, out.detail = "protocol", f"more than {max_output} bytes of output"
+            start = len(buf)
+            buf += chunk                              # in place: a long line costs its size, once
+            if total > max_output or (b"\n" not in chunk and len(buf) > events.MAX_LINE):
+                out.state, out.detail = "protocol", (f"more than {max_output} bytes of output" if total > max_output
+                                                     else f"a line of more than {events.MAX_LINE} bytes")
                 break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
+            if b"\n" not in chunk:
+                continue
+            cut = buf.rindex(b"\n", start)
+            lines, buf = bytes(buf[:cut]).split(b"\n"), buf[cut + 1:]
             for line in lines:
                 try:
-                    ev = json.loads(line)
-                except ValueError:
-                    out.state, out.detail = "protocol", "a line that is not JSON"
+                    ev = events.parse(line)
+                except events.ProtocolError as e:
+                    out.state, out.detail = "protocol", str(e)
                     break
-                kind = ev.get("event") if isinstance(ev, dict) else None
+                kind = ev["event"]
                 if kind in ("cell", "case"):         # a new phase: only forward, only as many as sent
                     limit = n_cells if kind == "cell" else n_cases
-                    if ev.get("index") != expect[kind] or expect[kind] >= limit:
+                    if ev["index"] != expect[kind] or expect[kind] >= limit:
                         out.state, out.detail = "protocol", f"unexpected {kind} event"
                         break
                     expect[kind] += 1
                     deadline = time.monotonic() + timeout
-                    phase = ev.get("where", "") if kind == "cell" else f"case {ev['index'] + 1}"
+                    phase = ev["where"] if kind == "cell" else f"case {ev['index'] + 1}"
+                elif kind == "data" and (ev["index"] != expect["case"] - 1 or ev["index"] in seen):
+                    out.state, out.detail = "protocol", "data for a case that is not running"   # one per case
+                    break
+                seen.add(ev["index"] if kind == "data" else None)
                 out.events.append(ev)
-            if out.state != "ok" or (out.events and out.events[-1].get("event") == "done"):
+            if out.state != "ok" or (out.events and out.events[-1]["event"] == "done"):
                 break
     finally:
         _kill(sandbox, proc, name)
         LIVE.discard(proc.pid)
         reap(before)
         out.seconds = time.monotonic() - t0
-    if out.state == "ok" and not (out.events and out.events[-1].get("event") == "done"):
+    if out.state == "ok" and not (out.events and out.events[-1]["event"] == "done"):
         code = proc.returncode
         out.state = "died"
         out.detail = (f"signal {-code}" if code is not None and code < 0 else f"exit code {code}")
