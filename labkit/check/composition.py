@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from . import report
 from .spec import Spec, call, failed, run
+from .compare import far
 
 GRIDS = ({"tp": 2, "cp": 1, "dp": 2, "pp": 2}, {"tp": 4, "cp": 1, "dp": 1, "pp": 2},
          {"tp": 2, "cp": 2, "dp": 2, "pp": 1}, {"tp": 1, "cp": 2, "dp": 2, "pp": 2},
@@ -163,7 +164,7 @@ def _judge_bytes(data, layout):
     for pp_rank, groups in rows:
         got = data[str(pp_rank)]
         for g, expected in groups.items():
-            if abs(got.get(g, 0.0) - expected) > 0.5:
+            if far(got.get(g, 0.0), expected, 0.5):
                 return report(name, False, f"pp rank {pp_rank}, group {g}: predicted {got.get(g, 0.0):,.0f} bytes, "
                               f"the run sent {expected:,.0f}", "compare term by term: which collectives run on "
                               "this group, per microbatch and per step?")

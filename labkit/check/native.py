@@ -20,6 +20,7 @@ import functools
 from . import report
 from .hints import asker
 from .spec import Spec, failed, failure, ranks, run
+from .compare import far
 
 ATOL = 1e-10     # float64: only the order of additions differs
 MODEL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, micro_batch_size=2,
@@ -88,7 +89,7 @@ def _compare(name, out, tp, sequence_parallel, zero_stage, dp, expected_bytes, e
     more = f" (check.hint({exercise!r}) for a hint)"
     if not isinstance(out.get("loss"), float) or not isinstance(out.get("grads"), dict):
         return report(name, False, "the step returned no loss or gradients", "keep the form the stub gives")
-    if abs(out["loss"] - ref) > ATOL:
+    if far(out["loss"], ref, ATOL):
         return report(name, False, f"loss {out['loss']:.12f}, the dense model's {ref:.12f}",
                       "some module's layout is not the dense model's" + more)
     grads = out["grads"]
@@ -97,7 +98,7 @@ def _compare(name, out, tp, sequence_parallel, zero_stage, dp, expected_bytes, e
             return report(name, False, f"no gradient for {n}", "every parameter must take part in the step" + more)
         same = tuple(grads[n].shape) == tuple(g.shape)
         diff = float((grads[n].double() - g).abs().max()) if same else float("inf")
-        if diff > ATOL:
+        if not diff <= ATOL:                     # NaN is never within
             return report(name, False, f"gradient of {n}: max difference {diff:.3g} from the dense model's",
                           "look at the module this parameter belongs to" + more)
     if out["bytes"] != expected_bytes:

@@ -38,8 +38,10 @@ def results_json(result: dict | None, seconds: float, problem: str = "") -> dict
         if hidden:
             tests.append({"name": f"{x['id']}: hidden cases", "score": 0.0, "max_score": 0.0,
                           "status": "passed" if all(c["passed"] for c in hidden) else "failed",
-                          "output": f"{sum(c['passed'] for c in hidden)} of {len(hidden)} hidden cases pass "
-                                    "(counted in the exercise's score)", "visibility": "after_published"})
+                          "output": (f"{sum(c['passed'] for c in hidden)} of {len(hidden)} hidden cases pass "
+                                     "(counted in the exercise's score)\n" + "\n".join(
+                                         f"{'PASS' if c['passed'] else 'FAIL'} {c.get('detail', '')}"
+                                         for c in hidden))[:8000], "visibility": "after_published"})
     flags = "; ".join(f"{f['where']} {f['what']}" for f in result.get("flags", []))
     return {"score": result["points"], "execution_time": round(seconds),
             "output": f"{result['points']:g} of {result['max_points']} points", "tests": tests,
