@@ -84,3 +84,13 @@ def _tensor(x, allow_nonfinite: bool) -> str:
     if x.is_complex():
         return "a complex tensor"
     return ""
+
+
+def same(got, want) -> bool:
+    """``got == want`` with exact types all the way down (lists and tuples alike): ``-0.0`` or
+    ``True`` is not the rank ``0`` or ``1``, a lying subclass equals nothing."""
+    if type(want) in (list, tuple):
+        return type(got) in (list, tuple) and len(got) == len(want) and all(same(g, w) for g, w in zip(got, want))
+    if type(want) is dict:
+        return type(got) is dict and got.keys() == want.keys() and all(same(got[k], want[k]) for k in want)
+    return type(got) is type(want) and got == want

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from . import report
 from .spec import Spec, call, failed, run
-from .compare import far
+from .compare import far, number, same
 
 GRIDS = ({"tp": 2, "cp": 1, "dp": 2, "pp": 2}, {"tp": 4, "cp": 1, "dp": 1, "pp": 2},
          {"tp": 2, "cp": 2, "dp": 2, "pp": 1}, {"tp": 1, "cp": 2, "dp": 2, "pp": 2},
@@ -52,6 +52,9 @@ def _judge_grid(data, grids=GRIDS):
     bad = failed(name, data, "call your function on one grid and one axis in the notebook first")
     if bad is not None:
         return bad
+    if type(data) is not list or len(data) != len(grids):
+        return report(name, False, f"expected the groups of {len(grids)} grids, got "
+                      f"{len(data) if type(data) is list else 'a ' + type(data).__name__}")
     for sizes, got in zip(grids, data):
         topo = Topology(sizes["tp"] * sizes["cp"] * sizes["dp"] * sizes["pp"], tp=sizes["tp"], cp=sizes["cp"],
                         pp=sizes["pp"])
@@ -61,7 +64,7 @@ def _judge_grid(data, grids=GRIDS):
             if any(g != sorted(g) for g in mine):
                 return report(name, False, f"{sizes}, axis {axis}: a group's ranks are not in ascending order "
                               f"({mine[0]})", "list each group's ranks in the order of their coordinate on the axis")
-            if sorted(mine) != want:
+            if not same(sorted(mine), want):
                 return report(name, False, f"{sizes}, axis {axis}: got {sorted(mine)[:3]}..., Megatron's groups "
                               f"are {want[:3]}...", "a group holds the ranks whose coordinates agree on every "
                               "OTHER axis; tp varies fastest, then cp, dp, pp")
@@ -160,6 +163,12 @@ def _judge_bytes(data, layout):
     bad = failed(name, data, 'return {"tp": ..., "pp": ..., "dp": ..., "embd": ...}')
     if bad is not None:
         return bad
+    ranks = {str(r) for r in range(layout.get("pipeline_model_parallel_size", 1))}
+    if type(data) is not dict or set(data) != ranks or any(
+            type(v) is not dict or set(v) - {"tp", "pp", "dp", "embd"} or any(number(x) is None for x in v.values())
+            for v in data.values()):              # checked before the reference run (8 ranks)
+        return report(name, False, f"expected {{pp rank: {{group: bytes}}}} for pp ranks {sorted(ranks)}, "
+                      "finite numbers only", 'return {"tp": ..., "pp": ..., "dp": ..., "embd": ...}')
     rows = counted(layout)
     for pp_rank, groups in rows:
         got = data[str(pp_rank)]

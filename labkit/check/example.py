@@ -14,7 +14,7 @@ from __future__ import annotations
 from . import report
 from .hints import asker
 from .spec import Spec, call, failed, run
-from .compare import far
+from .compare import far, same
 
 
 def _produce(role, inputs):
@@ -37,7 +37,7 @@ def _judge_double(data, xs=(0, 3, -2.5)):
     if type(data) is not list or len(data) != len(xs):
         return report("double", False, f"got {len(data) if type(data) is list else 'no'} results for {len(xs)} inputs")
     for x, got in zip(xs, data):
-        if far(got, 2 * x, 0.0):
+        if not same(got, 2 * x):
             return report("double", False, f"double({x!r}) returned {got!r}, which is not twice {x!r}",
                           "twice, not plus two")
     return report("double", True, f"double(x) is twice x for {', '.join(map(repr, xs))}")

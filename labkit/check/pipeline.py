@@ -16,13 +16,13 @@ steps (``labkit.pipeline_parallel.p2p_plan``).
 labkit's own schedules (``labkit.pipeline_parallel.schedules``) raise while the student's function
 runs. A schedule is data: the student's function returns it, the judge validates, simulates and
 runs it with labkit's executor. ``bubble`` and ``p2p_messages`` check a number the student
-predicts before measuring it. The 1F1B *loop* over send/recv is ``pipeline_loop.py``.
+predicts (schedules and simulator banned). The 1F1B *loop* over send/recv is ``pipeline_loop.py``.
 """
 from __future__ import annotations
 
 from . import describe_mismatch, report
-from .spec import Spec, call, failed, run
 from .compare import far, number
+from .spec import Spec, call, failed, run
 
 SCHED = "labkit.pipeline_parallel.schedules"
 OWN_SCHEDULES = tuple(f"{SCHED}:{n}" for n in ("gpipe", "one_f_one_b", "warmup_1f1b", "interleaved",
@@ -53,9 +53,8 @@ def _actions(data):
 
 
 def _sized(data, p: int, v: int, m: int) -> str:
-    """Why ``data`` is not p ranks of at most 2 v m actions [kind, mb < m, chunk < v] ("" if it is):
-    checked against the case before any heavy work (a schedule naming microbatch 10**7 once made
-    the grader's own validate build 2 x 10**7 actions)."""
+    """Why ``data`` is not p ranks of at most 2 v m actions [kind, mb < m, chunk < v] ("" if it is), from
+    the case, before any heavy work (microbatch 10**7 once made validate build 2 x 10**7 actions)."""
     if type(data) is not list or len(data) != p:
         return f"a schedule for {len(data) if type(data) is list else 'no'} ranks, the case has p={p}"
     for r, rank in enumerate(data):
@@ -251,12 +250,13 @@ def _judge_messages(data, p=2, v=2, m=4, rank=0, which="interleaved"):
     return report(name, True, f"rank {rank} sends {sent} messages for p={p}, v={v}, m={m}: {sent // m} per microbatch")
 
 
-BUBBLE = Spec("bubble", {"prediction": "prediction"}, _produce_number, _judge_bubble,
-              cases=({"which": "prediction", "p": 4, "v": 2, "m": 8},),
+PREDICT = OWN_SCHEDULES + ("labkit.pipeline_parallel.simulate:simulate", "labkit.pipeline_parallel.p2p_plan:plan")
+BUBBLE = Spec("bubble", {"prediction": "prediction"}, _produce_number, _judge_bubble, forbid=PREDICT,
+              why="predict it yourself", cases=({"which": "prediction", "p": 4, "v": 2, "m": 8},),
               hints=("count the idle slots of one rank, in units of a chunk's forward",
                      "bubble = idle / busy = (p - 1) / (v * m) for the 1F1B family"))
 MESSAGES = Spec("messages", {"interleaved": "messages_interleaved", "one_f_one_b": "messages_1f1b"},
-                _produce_number, _judge_messages, cases=({"which": "interleaved", "p": 2, "v": 2, "m": 4},
+                _produce_number, _judge_messages, forbid=PREDICT, why="predict it yourself", cases=({"which": "interleaved", "p": 2, "v": 2, "m": 4},
                                                          {"which": "one_f_one_b", "p": 2, "v": 1, "m": 4}), hints=(
                     "follow one microbatch: which stage boundaries does it cross, on which rank?",
                     "rank 0 holds virtual stages 0, p, 2p, ...: each forward out of a stage below the last sends, "

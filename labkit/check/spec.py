@@ -48,6 +48,11 @@ class Spec:
         if why:
             return report(self.id, False, f"your answer holds {why}: not an answer this check takes",
                           "return plain numbers and tensors, finite, of the form the exercise's stub gives")
+        n = case.get("world_size", case.get("cp"))
+        if self.ranks and type(n) is int and not (type(data) is dict and "failed" in data) and (
+                type(data) is not list or len(data) != n):   # the rank count is the case's, never the answer's
+            return report(self.id, False, f"expected one result per rank ({n} ranks), got "
+                          f"{len(data) if type(data) is list else 'a ' + type(data).__name__}")
         return self.judge(data, **case)
 
 
