@@ -45,6 +45,11 @@ class Options:
     workdir: str | None = None            # where the per-submission folders are made
     keep: bool = False                    # keep them (to debug a grading problem)
     check_master: bool = True             # grade the master first, refuse unless full marks (preflight)
+    total: float | None = None            # seconds for a whole submission, every run (default 20 x timeout)
+    _deadline: float = field(default=float("inf"), repr=False)    # set by grade_one
+
+    def budget(self) -> float:
+        return self.total if self.total is not None else 20 * self.timeout
 
 
 def _case_result(spec, case: dict, hidden: bool, event) -> dict:
@@ -156,21 +161,29 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
     skipped = [f"{where} was left out ({why})" for where, why in skip.items()
                if any(a[0] == where for a in job.answers)]
     if spec is None:
-        outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout)
+        outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout,
+                          total=_left(opts))
         return _legacy(ex, outcome, opts.timeout, earlier), _stuck_cell(outcome)
     cases = [(dict(c), False) for c in spec.cases]
-    outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout)
+    outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout,
+                      total=_left(opts))
     stuck, hidden = _stuck_cell(outcome), []
     for k, case in enumerate(opts.hidden.get(ex.id, [])):   # each hidden case alone in its own run:
         run = None                                           # no other case's parameters to find there
-        if not stuck:
+        if not stuck and _left(opts) > 0:
             where = folder.with_name(f"{folder.name}-hidden-{k}")
             where.mkdir()
             shutil.copyfile(notebook, where / "submission.ipynb")
-            run = run_job(opts.sandbox, where, {**payload, "cases": [dict(case)]}, opts.timeout)
+            run = run_job(opts.sandbox, where, {**payload, "cases": [dict(case)]}, opts.timeout, total=_left(opts))
         event = next((e for e in run.events if e["event"] == "data"), None) if run else None
         hidden.append(_case_result(spec, dict(case), True, event))
     return judge_outcome(ex, spec, cases, outcome, opts.timeout, skipped, earlier, hidden), stuck
+
+
+def _left(opts: Options) -> float:
+    """Seconds left of the submission's budget (``opts._deadline`` is set by ``grade_one``)."""
+    import time as _t
+    return opts._deadline - _t.monotonic()
 
 
 def judge_outcome(ex: Exercise, spec, cases: list, outcome, timeout: float, skipped=(), earlier=frozenset(),
@@ -237,7 +250,12 @@ def grade_one(master, master_path: Path, path, opts: Options | None = None) -> d
         notebook = tmp / "submission.ipynb"
         notebook.write_bytes(raw)                     # what was read and checked, not the path again
         results, skip, earlier = [], {}, set()
+        opts._deadline = t0 + opts.budget()            # one budget for the whole submission
         for job in todo:                 # a cell that hung or crashed one exercise is left out of the next
+            if _left(opts) <= 0:
+                results.append({**_missing(job.exercise, f"not run: the submission's total time ({opts.budget():g} s) "
+                                           "ran out"), "status": "timeout"})
+                continue
             try:
                 result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip, frozenset(earlier))
             except Exception as e:  # noqa: BLE001 - whatever went wrong is this exercise's error, never the run's
