@@ -58,7 +58,7 @@ def _read(lines) -> Outcome:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(LINE, max_size=6), st.sampled_from(["double", "mean", "shout", "bubble", "one-f-one-b"]))
 def test_no_line_breaks_the_grader(lines, spec_id):
     spec = find(spec_id)

@@ -14,6 +14,8 @@ layout in its own process and compares with what every rank counted on its group
 """
 from __future__ import annotations
 
+import functools
+
 from . import report
 from .spec import Spec, call, failed, run
 from .compare import far, number, same
@@ -151,8 +153,17 @@ def _produce_bytes(student, layout):
 
 
 def counted(layout: dict, steps: int = 1) -> list:
-    """[(pp_rank, {group: bytes per step})] of a real ``labkit.train`` run of ``layout`` (judge side)."""
+    """[(pp_rank, {group: bytes per step})] of a real ``labkit.train`` run of ``layout`` (judge side;
+    one run per layout in a grader's life: every submission is judged against the same one)."""
+    import json
+    return _counted_run(json.dumps(layout, sort_keys=True), steps)
+
+
+@functools.lru_cache(maxsize=8)
+def _counted_run(key: str, steps: int) -> list:
+    import json
     from ..training import train
+    layout = json.loads(key)
     kw = {k: v for k, v in layout.items() if k != "world_size"}
     res = train(world_size=layout["world_size"], steps=steps, log_interval=0, backend="gloo", **kw)
     return _counted(res, steps)
