@@ -163,7 +163,7 @@ def _opts():
 TP_PLAN = Spec(
     "tp-plan", {"plan": "my_layer_plan"}, _plan_produce, _plan_judge,
     cases=({"world_size": 2, "sequence_parallel": False}, {"world_size": 2, "sequence_parallel": True}),
-    forbid=OWN_PLAN, ranks=True, why=WHY_PLAN, hints=(
+    forbid=OWN_PLAN, ranks=True, per_rank=False, why=WHY_PLAN, hints=(
         "a wrong loss or gradient: the module it belongs to has the wrong cut; right numbers and wrong "
         "bytes: the layouts are consistent, but some tensor moves more than it must",
         "qkv and fc1 are cut by columns (their outputs are whole heads / a slice of 4h), proj and fc2 by "
@@ -237,7 +237,7 @@ def _mesh_judge(data, world_size=4, tp=2):
 
 FSDP_TP_MESH = Spec(
     "fsdp-tp-mesh", {"mesh": "my_mesh", "shard": "my_fsdp_tp"}, _mesh_produce, _mesh_judge,
-    cases=({"world_size": 4, "tp": 2},), forbid=OWN_DP, ranks=True, why=WHY_DP, hints=(
+    cases=({"world_size": 4, "tp": 2},), forbid=OWN_DP, ranks=True, per_rank=False, why=WHY_DP, hints=(
         "the message says which comparison failed: the mesh's groups, the numbers, or the bytes",
         "init_device_mesh('cpu', (dp, tp), mesh_dim_names=('dp', 'tp')): the last dimension varies "
         "fastest, so it is tp; cut TP first (apply_tensor_parallel on mesh['tp']), FSDP2 second",
