@@ -7,11 +7,14 @@ For each exercise of the master, in a fresh folder holding only a copy of the su
 2. **Run** them in a sandbox (``sandbox.run_job``: bubblewrap by default), in a fresh process
    (``labkit.check.runner``) that bans labkit's implementation of the exercise and installs the
    counting process group *before* the source runs, then runs each case's ``produce``: the
-   visible cases of the check cell and the hidden ones (other shapes, world sizes, seeds), read by
-   the grader from a file the sandbox does not mount. Each answer cell and each case has
-   ``timeout`` seconds; a timeout, a crash or a kill costs only this exercise.
+   visible cases of the check cell in one run, each hidden one (other shapes, world sizes, seeds,
+   read by the grader from a file the sandbox does not mount) alone in a run of its own. Each
+   answer cell and each case has ``timeout`` seconds, the whole submission ``Options.budget()``;
+   a timeout, a crash, a kill or a broken line (``events.parse``) costs only this exercise.
 3. **Judge** here, in the grader's process, where no submission code runs: each case's data
-   (JSON, never a pickle) against the exercise's independent reference (``Spec.judge``).
+   (JSON, never a pickle) against the exercise's independent reference (``Spec.verdict``: plain,
+   finite data of the case's size first, then ``Spec.judge``). A hidden case's message says only
+   pass or fail; what the check said is its ``detail``, shown once grades are published.
 
 Points are partial: ``max_points`` x the share of the exercise's cases that pass (status "pass"
 when all do, "partial" when some do). A lab check that is not a ``labkit.check`` Spec is graded the
@@ -182,8 +185,7 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
 
 def _left(opts: Options) -> float:
     """Seconds left of the submission's budget (``opts._deadline`` is set by ``grade_one``)."""
-    import time as _t
-    return opts._deadline - _t.monotonic()
+    return opts._deadline - time.monotonic()
 
 
 def judge_outcome(ex: Exercise, spec, cases: list, outcome, timeout: float, skipped=(), earlier=frozenset(),
