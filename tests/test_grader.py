@@ -406,8 +406,12 @@ def test_sandbox_commands_bind_only_what_a_submission_needs(tmp_path):
     for flag in ("--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session", "--clearenv"):
         assert flag in argv
     binds = [(argv[i], argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a in ("--bind", "--ro-bind", "--ro-bind-try")]
-    assert ("--bind", str(tmp_path), "/grade") in binds                 # the only writable bind
-    assert [b for b in binds if b[0] == "--bind"] == [("--bind", str(tmp_path), "/grade")]
+    assert not [b for b in binds if b[0] == "--bind"]                   # nothing of the host is writable
+    assert ("--ro-bind", str(tmp_path / "submission.ipynb"), "/grade/submission.ipynb") in binds
+    sized = [argv[i + 3] for i, a in enumerate(argv) if a == "--size"]   # --size N --tmpfs DIR
+    assert sorted(sized) == ["/dev/shm", "/grade", "/tmp"] and argv.count(str(Limits().disk_bytes)) == 3
+    assert "--seccomp" not in argv
+    assert "7" == (lambda a: a[a.index("--seccomp") + 1])(Sandbox("bwrap").argv(tmp_path, "job", 7))
     assert ("--ro-bind", str(root / "labkit"), f"{INSIDE}/labkit") in binds
     sources = [b[1] for b in binds]
     under_root = sorted(s for s in sources if s == str(root) or s.startswith(str(root) + "/"))

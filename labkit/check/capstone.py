@@ -28,6 +28,7 @@ import functools
 
 from . import report
 from .spec import Spec, call, failed, run
+from .compare import far, number
 
 KEYS = ("params_per_gpu", "memory_gib", "flops_per_step", "step_time_s")
 TOLERANCE = {"params_per_gpu": 0.01, "memory_gib": 0.03, "flops_per_step": 0.03, "step_time_s": 0.10}
@@ -99,8 +100,10 @@ def _judge(data, model="megatron-39b", nodes=8, global_batch_size=1024, layout=N
     what = {"params_per_gpu": "parameters per GPU of the first stage", "memory_gib": "memory of a first-stage GPU",
             "flops_per_step": "hardware FLOPs of one step", "step_time_s": "step time"}
     for k in KEYS:
-        err = abs(data[k] - want[k]) / want[k]
-        if err > TOLERANCE[k]:
+        if far(data[k], want[k], TOLERANCE[k] * abs(want[k])):
+            if number(data[k]) is None:
+                return report(title, False, f"{what[k]}: your prediction is not a finite number", _HINTS[k])
+            err = abs(data[k] - want[k]) / want[k]
             return report(title, False, f"{what[k]}: you predict {data[k]:.4g}, labkit.calc says {want[k]:.4g} "
                           f"({100 * err:.1f}% off; within {100 * TOLERANCE[k]:g}% passes)", _HINTS[k])
     return report(title, True, f"by hand: {data['params_per_gpu'] / 1e9:.2f} B parameters and {data['memory_gib']:.1f} "

@@ -19,6 +19,7 @@ from __future__ import annotations
 from . import describe_mismatch, report
 from .hints import asker
 from .spec import Spec, failed, ranks, run
+from .compare import far
 
 OWN_COLLECTIVES = tuple(f"labkit.comm:{op}" for op in ("all_reduce", "all_gather", "reduce_scatter",
                                                        "all_to_all", "broadcast"))
@@ -97,7 +98,7 @@ def _judge(op: str, name: str, data, world_size: int, numel: int, seed: int):
                           "the exercise builds one from point-to-point messages", "use only comm.send_recv "
                           "(or comm.send / comm.recv), one chunk per step to the right neighbour")
         got = out["counts"].get("send", {}).get("by_dtype", {}).get("float64", 0.0)
-        if abs(got - ideal) > 0.5:
+        if far(got, ideal, 0.5):
             return report(title, False, f"right values, but rank {r} sent {got:.0f} bytes of data point-to-point; "
                           f"a ring sends {ideal:.0f} ({label} x {N} bytes)",
                           "a ring moves one chunk of N/n per step, to the right neighbour only")

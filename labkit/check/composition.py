@@ -14,8 +14,11 @@ layout in its own process and compares with what every rank counted on its group
 """
 from __future__ import annotations
 
+import functools
+
 from . import report
 from .spec import Spec, call, failed, run
+from .compare import far, number, same
 
 GRIDS = ({"tp": 2, "cp": 1, "dp": 2, "pp": 2}, {"tp": 4, "cp": 1, "dp": 1, "pp": 2},
          {"tp": 2, "cp": 2, "dp": 2, "pp": 1}, {"tp": 1, "cp": 2, "dp": 2, "pp": 2},
@@ -51,6 +54,9 @@ def _judge_grid(data, grids=GRIDS):
     bad = failed(name, data, "call your function on one grid and one axis in the notebook first")
     if bad is not None:
         return bad
+    if type(data) is not list or len(data) != len(grids):
+        return report(name, False, f"expected the groups of {len(grids)} grids, got "
+                      f"{len(data) if type(data) is list else 'a ' + type(data).__name__}")
     for sizes, got in zip(grids, data):
         topo = Topology(sizes["tp"] * sizes["cp"] * sizes["dp"] * sizes["pp"], tp=sizes["tp"], cp=sizes["cp"],
                         pp=sizes["pp"])
@@ -60,7 +66,7 @@ def _judge_grid(data, grids=GRIDS):
             if any(g != sorted(g) for g in mine):
                 return report(name, False, f"{sizes}, axis {axis}: a group's ranks are not in ascending order "
                               f"({mine[0]})", "list each group's ranks in the order of their coordinate on the axis")
-            if sorted(mine) != want:
+            if not same(sorted(mine), want):
                 return report(name, False, f"{sizes}, axis {axis}: got {sorted(mine)[:3]}..., Megatron's groups "
                               f"are {want[:3]}...", "a group holds the ranks whose coordinates agree on every "
                               "OTHER axis; tp varies fastest, then cp, dp, pp")
@@ -147,8 +153,17 @@ def _produce_bytes(student, layout):
 
 
 def counted(layout: dict, steps: int = 1) -> list:
-    """[(pp_rank, {group: bytes per step})] of a real ``labkit.train`` run of ``layout`` (judge side)."""
+    """[(pp_rank, {group: bytes per step})] of a real ``labkit.train`` run of ``layout`` (judge side;
+    one run per layout in a grader's life: every submission is judged against the same one)."""
+    import json
+    return _counted_run(json.dumps(layout, sort_keys=True), steps)
+
+
+@functools.lru_cache(maxsize=8)
+def _counted_run(key: str, steps: int) -> list:
+    import json
     from ..training import train
+    layout = json.loads(key)
     kw = {k: v for k, v in layout.items() if k != "world_size"}
     res = train(world_size=layout["world_size"], steps=steps, log_interval=0, backend="gloo", **kw)
     return _counted(res, steps)
@@ -159,11 +174,17 @@ def _judge_bytes(data, layout):
     bad = failed(name, data, 'return {"tp": ..., "pp": ..., "dp": ..., "embd": ...}')
     if bad is not None:
         return bad
+    ranks = {str(r) for r in range(layout.get("pipeline_model_parallel_size", 1))}
+    if type(data) is not dict or set(data) != ranks or any(
+            type(v) is not dict or set(v) - {"tp", "pp", "dp", "embd"} or any(number(x) is None for x in v.values())
+            for v in data.values()):              # checked before the reference run (8 ranks)
+        return report(name, False, f"expected {{pp rank: {{group: bytes}}}} for pp ranks {sorted(ranks)}, "
+                      "finite numbers only", 'return {"tp": ..., "pp": ..., "dp": ..., "embd": ...}')
     rows = counted(layout)
     for pp_rank, groups in rows:
         got = data[str(pp_rank)]
         for g, expected in groups.items():
-            if abs(got.get(g, 0.0) - expected) > 0.5:
+            if far(got.get(g, 0.0), expected, 0.5):
                 return report(name, False, f"pp rank {pp_rank}, group {g}: predicted {got.get(g, 0.0):,.0f} bytes, "
                               f"the run sent {expected:,.0f}", "compare term by term: which collectives run on "
                               "this group, per microbatch and per step?")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from . import describe_mismatch, report
 from .spec import Spec, call, failed, run
+from .compare import same
 
 ATOL = RTOL = 1e-10  # float64: only the order of the sums differs
 
@@ -148,7 +149,7 @@ def _judge_split(data, sizes=SIZES):
             return report(name, False, f"{where}: ranks hold {sizes_got} tokens, expected s/cp = {s // cp} each",
                           "each rank holds 2 chunks of s / (2 cp) tokens")
         seen = sorted(p for pos in got for p in pos)
-        if seen != list(range(s)):
+        if not same(seen, list(range(s))):
             return report(name, False, f"{where}: positions held are not 0..{s - 1} exactly once (missing "
                           f"{sorted(set(range(s)) - set(seen))[:4]})", "cut the sequence into 2 cp equal chunks "
                           "and give every chunk to one rank")
@@ -166,7 +167,7 @@ def _judge_split(data, sizes=SIZES):
                   "the same causal work on every rank")
 
 
-MERGE = Spec("merge", {"merge": "merge"}, _produce_merge, _judge_merge, cases=({},), forbid=OWN_MERGE,
+MERGE = Spec("merge", {"merge": "merge"}, _produce_merge, _judge_merge, cases=({},), forbid=OWN_MERGE, nonfinite=True,
              why="the merge is the exercise", hints=(
                  "write out = (w_a out_a + w_b out_b) / (w_a + w_b) with w = exp(lse): which weights, and why?",
                  "subtract m = max(lse_a, lse_b) before exp so nothing overflows; lse = m + log(w_a + w_b)",

@@ -17,6 +17,7 @@ import math
 
 from . import describe_mismatch, report
 from .spec import Spec, failed, ranks, run
+from .compare import far, same
 
 ATOL = RTOL = 1e-10
 CPA = "labkit.context_parallel"
@@ -71,6 +72,8 @@ def _judge(data, cp=2, shape=(1, 2, 16, 4), seed=0):
     q, k, v = inputs(shape, seed)
     x = (q @ k.transpose(-2, -1)) / math.sqrt(d)               # the dense reference, written plainly
     dense = torch.softmax(x.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")), -1) @ v
+    if not same([out["rank"] for out in data], list(range(cp))):
+        return report(title, False, "the results are not CP ranks 0..cp-1 in order", "return what the stub returns")
     wrong = []
     for out in data:
         r = out["rank"]
@@ -88,7 +91,7 @@ def _judge(data, cp=2, shape=(1, 2, 16, 4), seed=0):
     for out in data:
         c = out["counts"]
         got = c.get("send", {}).get("by_dtype", {}).get("float64", 0.0)
-        if set(c) - {"send", "recv"} or abs(got - (cp - 1) * kv) > 0.5:
+        if set(c) - {"send", "recv"} or far(got, (cp - 1) * kv, 0.5):
             ops = ", ".join(f"{op} {vv['bytes']:.0f}" for op, vv in sorted(c.items())) or "nothing"
             return report(title, False, f"right values, but rank {out['rank']} sent {ops} bytes; a ring passes "
                           f"its K/V block on cp-1 times, {(cp - 1) * kv:.0f} bytes, point-to-point only",

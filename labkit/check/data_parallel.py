@@ -18,6 +18,7 @@ from __future__ import annotations
 from . import describe_mismatch, report, sent, zero
 from .dp_common import GBS, MODEL, STEPS, TOL, _microbatches, _setup, _world, compare_params, reference  # noqa: F401
 from .spec import Spec, failed, ranks, run
+from .compare import far
 
 OWN_HOOK = ("labkit.data_parallel.ddp:on_grad_ready",)
 OWN_ZERO1 = ("labkit.data_parallel.zero:ZeRO1.finish_grad_sync", "labkit.data_parallel.zero:ZeRO1.step",
@@ -105,7 +106,7 @@ def _judge_bucket(data, world_size=2, bucket_size=2000, seed=0):
     expected = ring_all_reduce_bytes(sum(p.numel() for p in ref_params[0].values()) * 8, world_size)
     for r, out in enumerate(data):
         per_step = [sent(s) for s in out["sent"]]
-        if any(abs(s - expected) > 0.5 for s in per_step) or any(set(s) - {"all_reduce"} for s in out["sent"]):
+        if any(far(s, expected, 0.5) for s in per_step) or any(set(s) - {"all_reduce"} for s in out["sent"]):
             ops = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(out["sent"][0].items())) or "nothing"
             return report(title, False, f"rank {r} sent {ops} bytes in step 1; one all-reduce of every gradient "
                           f"sends {expected:.0f}", "launch each bucket exactly once per step")
@@ -163,7 +164,7 @@ def _judge_zero1(data, world_size=4, seed=0):
     for r, out in enumerate(data):
         for k, step in enumerate(out["sent"]):
             got = {op: v["bytes"] for op, v in step.items()}
-            if set(got) != set(expected) or any(abs(got[op] - expected[op]) > 0.5 for op in expected):
+            if set(got) != set(expected) or any(far(got[op], expected[op], 0.5) for op in expected):
                 return report(title, False, f"rank {r}, step {k + 1}: sent {got}, ZeRO-1 sends {expected}",
                               "one reduce-scatter of the gradients and one all-gather of the parameters (an "
                               "all-reduce would send the gradients twice over)")

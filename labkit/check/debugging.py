@@ -27,6 +27,7 @@ import random
 from . import describe_mismatch, report
 from .hints import asker
 from .spec import Spec, call, failed, run
+from .compare import number, same
 
 HANGS = [("skipped_collective", 0), ("skipped_collective", 1), ("send_without_recv", 0), ("send_without_recv", 1)]
 WAITS = {"skipped_collective": "all_reduce", "send_without_recv": "send"}   # what the other rank waits in
@@ -73,7 +74,7 @@ def _judge_bug(data):
     bad = failed(name, data, 'answer = {"layer": "...", "collective": "..."} (two strings, or None)')
     if bad is not None:
         return bad
-    if data["seed"] is None:
+    if number(data["seed"], integer=True) is None:
         return report(name, False, "SEED is not a whole number", "keep SEED = the number your instructor gave you")
     seed = f"seed {data['seed']}: "
     bug = assigned_bug(data["seed"])
@@ -153,6 +154,9 @@ def _judge_reshard(data, shapes=((8, 4), (12, 3)), seed=0):
     bad = failed(name, data, "start from the dense [gate; up]: put the two TP2 pieces back together first")
     if bad is not None:
         return bad
+    if type(data) is not list or len(data) != len(shapes):
+        return report(name, False, f"expected a reshard for each of {len(shapes)} shapes, got "
+                      f"{len(data) if type(data) is list else 'a ' + type(data).__name__}")
     for (ffn, h), got in zip(shapes, data):
         dense = _dense(ffn, h, seed)
         want = [{k: _cut_fc1(dense[k], ffn, 4)[r] for k in KEYS} for r in range(4)]
@@ -235,7 +239,7 @@ def _judge_hang(data):
     bad = failed(name, data, 'diagnosis = {"waits": {0: "op", 1: "op"}, "culprit": rank}')
     if bad is not None:
         return bad
-    if data["seed"] is None:
+    if number(data["seed"], integer=True) is None:
         return report(name, False, "SEED is not a whole number", "keep SEED = the number your instructor gave you")
     seed = f"seed {data['seed']}: "
     scenario, culprit = hang_assignment(data["seed"])
@@ -246,7 +250,7 @@ def _judge_hang(data):
         return report(name, False, f"{seed}waits {shown!r} is not where the ranks wait",
                       "each line 'rank R waits in OP (...)' of the report gives one: answer the op as printed "
                       "(all_reduce, send, barrier), keyed by the rank number")
-    if data["culprit"] != culprit:
+    if not same(data["culprit"], culprit):
         return report(name, False, f"{seed}culprit {data['culprit']!r}: the waits are right, the rank at fault not",
                       "the rank at fault never issued what its peer waits for: it went past, and waits in the "
                       "launcher's final barrier")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from . import describe_mismatch, report
 from .ep_common import OWN_A2A, OWN_PERMUTE, routing
 from .spec import Spec, failed, ranks, run
+from .compare import far
 
 H, F, K = 6, 10, 2
 
@@ -94,7 +95,7 @@ def _judge(data, world_size=4, num_tokens=8, num_experts=8, seed=0):
         want = (away + back) * H * 8
         c = out["counts"]
         got = c.get("all_to_all", {}).get("by_dtype", {}).get("float64", 0.0)
-        if set(c) - {"all_to_all"} or abs(got - want) > 0.5:
+        if set(c) - {"all_to_all"} or far(got, want, 0.5):
             ops = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(c.items())) or "nothing"
             return report(title, False, f"right output, but rank {r} sent {ops} bytes; the rows that leave the "
                           f"rank, there and back, are {want} bytes of float64 (plus the counts), all-to-all only",

@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import report
 from .hints import asker
 from .spec import Spec, call, failed, run
+from .compare import far, same
 
 
 def _produce(role, inputs):
@@ -33,8 +34,10 @@ def _judge_double(data, xs=(0, 3, -2.5)):
     bad = failed("double", data)
     if bad is not None:
         return bad
+    if type(data) is not list or len(data) != len(xs):
+        return report("double", False, f"got {len(data) if type(data) is list else 'no'} results for {len(xs)} inputs")
     for x, got in zip(xs, data):
-        if got != 2 * x:
+        if not same(got, 2 * x):
             return report("double", False, f"double({x!r}) returned {got!r}, which is not twice {x!r}",
                           "twice, not plus two")
     return report("double", True, f"double(x) is twice x for {', '.join(map(repr, xs))}")
@@ -46,7 +49,7 @@ def _judge_mean(data, values=(1, 2, 3)):
     if bad is not None:
         return bad
     got = data[0] if data else None
-    if not isinstance(got, (int, float)) or abs(got - sum(values) / len(values)) > 1e-12:
+    if far(got, sum(values) / len(values), 1e-12):
         return report(name, False, f"mean({list(values)!r}) returned {got!r}", "sum, then divide by the count")
     return report(name, True, f"mean({list(values)!r}) = {got!r}")
 
@@ -55,8 +58,10 @@ def _judge_shout(data, texts=("hi",)):
     bad = failed("shout", data)
     if bad is not None:
         return bad
+    if type(data) is not list or len(data) != len(texts):
+        return report("shout", False, f"got {len(data) if type(data) is list else 'no'} results for {len(texts)} inputs")
     for text, got in zip(texts, data):
-        if got != text.upper() + "!":
+        if type(got) is not str or got != text.upper() + "!":
             return report("shout", False, f"shout({text!r}) returned {got!r}", "upper case, then one '!'")
     return report("shout", True, " and ".join(f"shout({t!r}) == {t.upper() + '!'!r}" for t in texts))
 

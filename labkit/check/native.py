@@ -20,6 +20,7 @@ import functools
 from . import report
 from .hints import asker
 from .spec import Spec, failed, failure, ranks, run
+from .compare import far
 
 ATOL = 1e-10     # float64: only the order of additions differs
 MODEL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, micro_batch_size=2,
@@ -88,7 +89,7 @@ def _compare(name, out, tp, sequence_parallel, zero_stage, dp, expected_bytes, e
     more = f" (check.hint({exercise!r}) for a hint)"
     if not isinstance(out.get("loss"), float) or not isinstance(out.get("grads"), dict):
         return report(name, False, "the step returned no loss or gradients", "keep the form the stub gives")
-    if abs(out["loss"] - ref) > ATOL:
+    if far(out["loss"], ref, ATOL):
         return report(name, False, f"loss {out['loss']:.12f}, the dense model's {ref:.12f}",
                       "some module's layout is not the dense model's" + more)
     grads = out["grads"]
@@ -97,7 +98,7 @@ def _compare(name, out, tp, sequence_parallel, zero_stage, dp, expected_bytes, e
             return report(name, False, f"no gradient for {n}", "every parameter must take part in the step" + more)
         same = tuple(grads[n].shape) == tuple(g.shape)
         diff = float((grads[n].double() - g).abs().max()) if same else float("inf")
-        if diff > ATOL:
+        if not diff <= ATOL:                     # NaN is never within
             return report(name, False, f"gradient of {n}: max difference {diff:.3g} from the dense model's",
                           "look at the module this parameter belongs to" + more)
     if out["bytes"] != expected_bytes:
@@ -162,7 +163,7 @@ def _opts():
 TP_PLAN = Spec(
     "tp-plan", {"plan": "my_layer_plan"}, _plan_produce, _plan_judge,
     cases=({"world_size": 2, "sequence_parallel": False}, {"world_size": 2, "sequence_parallel": True}),
-    forbid=OWN_PLAN, ranks=True, why=WHY_PLAN, hints=(
+    forbid=OWN_PLAN, ranks=True, per_rank=False, why=WHY_PLAN, hints=(
         "a wrong loss or gradient: the module it belongs to has the wrong cut; right numbers and wrong "
         "bytes: the layouts are consistent, but some tensor moves more than it must",
         "qkv and fc1 are cut by columns (their outputs are whole heads / a slice of 4h), proj and fc2 by "
@@ -236,7 +237,7 @@ def _mesh_judge(data, world_size=4, tp=2):
 
 FSDP_TP_MESH = Spec(
     "fsdp-tp-mesh", {"mesh": "my_mesh", "shard": "my_fsdp_tp"}, _mesh_produce, _mesh_judge,
-    cases=({"world_size": 4, "tp": 2},), forbid=OWN_DP, ranks=True, why=WHY_DP, hints=(
+    cases=({"world_size": 4, "tp": 2},), forbid=OWN_DP, ranks=True, per_rank=False, why=WHY_DP, hints=(
         "the message says which comparison failed: the mesh's groups, the numbers, or the bytes",
         "init_device_mesh('cpu', (dp, tp), mesh_dim_names=('dp', 'tp')): the last dimension varies "
         "fastest, so it is tp; cut TP first (apply_tensor_parallel on mesh['tp']), FSDP2 second",

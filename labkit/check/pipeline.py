@@ -16,11 +16,12 @@ steps (``labkit.pipeline_parallel.p2p_plan``).
 labkit's own schedules (``labkit.pipeline_parallel.schedules``) raise while the student's function
 runs. A schedule is data: the student's function returns it, the judge validates, simulates and
 runs it with labkit's executor. ``bubble`` and ``p2p_messages`` check a number the student
-predicts before measuring it. The 1F1B *loop* over send/recv is ``pipeline_loop.py``.
+predicts (schedules and simulator banned). The 1F1B *loop* over send/recv is ``pipeline_loop.py``.
 """
 from __future__ import annotations
 
 from . import describe_mismatch, report
+from .compare import far, number
 from .spec import Spec, call, failed, run
 
 SCHED = "labkit.pipeline_parallel.schedules"
@@ -51,12 +52,31 @@ def _actions(data):
     return [[Action(str(k), int(mb), int(c)) for k, mb, c in rank] for rank in data]
 
 
-def _valid(title, data, levels):
-    """(schedule, None) or (None, failed CheckResult) when the data is no valid schedule."""
+def _sized(data, p: int, v: int, m: int) -> str:
+    """Why ``data`` is not p ranks of at most 2 v m actions [kind, mb < m, chunk < v] ("" if it is), from
+    the case, before any heavy work (microbatch 10**7 once made validate build 2 x 10**7 actions)."""
+    if type(data) is not list or len(data) != p:
+        return f"a schedule for {len(data) if type(data) is list else 'no'} ranks, the case has p={p}"
+    for r, rank in enumerate(data):
+        if type(rank) is not list or len(rank) > 2 * v * m:
+            return f"rank {r}: more than the 2 v m = {2 * v * m} actions a rank runs (or not a list)"
+        for a in rank:
+            if not (type(a) is list and len(a) == 3 and type(a[0]) is str and len(a[0]) <= 8
+                    and type(a[1]) is int and 0 <= a[1] < m and type(a[2]) is int and 0 <= a[2] < v):
+                return (f"rank {r}: the action {str(a)[:60]} is not [kind, microbatch < m={m}, "
+                        f"chunk < v={v}]")
+    return ""
+
+
+def _valid(title, data, levels, p: int, v: int, m: int):
+    """(schedule, None) or (None, failed CheckResult) when the data is no valid schedule of the case's size."""
     from ..pipeline_parallel.simulate import validate
     bad = failed(title, data)
     if bad is not None:
         return None, bad
+    why = _sized(data, p, v, m)
+    if why:
+        return None, report(title, False, why, levels)
     try:
         sched = _actions(data)
         validate(sched)
@@ -75,7 +95,7 @@ def _judge_1f1b(data, sizes=((2, 4), (4, 8), (3, 2), (4, 1)), run_p=2, run_m=4):
     for p, m in sizes:
         title = f"{name} (p={p}, m={m})"
         sched, bad = _valid(title, data[f"{p},{m}"], "the schedule cannot run: read the message (which "
-                            "microbatch, which rank)")
+                            "microbatch, which rank)", p, 1, m)
         if bad is not None:
             return bad
         sim = simulate(sched)
@@ -87,7 +107,7 @@ def _judge_1f1b(data, sizes=((2, 4), (4, 8), (3, 2), (4, 1)), run_p=2, run_m=4):
         if abs(sim.bubble_fraction - (p - 1) / m) > 1e-9:
             return report(title, False, f"simulated bubble {sim.bubble_fraction:.4f}, 1F1B's is (p-1)/m = "
                           f"{(p - 1) / m:.4f}", "do not wait longer than needed between F and B")
-    sched, bad = _valid(name, data[f"{run_p},{run_m}"], "the schedule cannot run")
+    sched, bad = _valid(name, data[f"{run_p},{run_m}"], "the schedule cannot run", run_p, 1, run_m)
     if bad is not None:
         return bad
     return _run(name, sched, 1, "valid, bubble (p-1)/m and at most p - rank microbatches held for "
@@ -105,7 +125,7 @@ def _judge_interleaved(data, sizes=((2, 2, 4), (4, 2, 8), (2, 3, 4), (4, 4, 4), 
     for p, v, m in sizes:
         title = f"{name} (p={p}, v={v}, m={m})"
         sched, bad = _valid(title, data[f"{p},{v},{m}"], "the schedule cannot run: read the message (which "
-                            "microbatch, chunk and rank)")
+                            "microbatch, chunk and rank)", p, v, m)
         if bad is not None:
             return bad
         sim = simulate(sched)
@@ -123,7 +143,7 @@ def _judge_interleaved(data, sizes=((2, 2, 4), (4, 2, 8), (2, 3, 4), (4, 4, 4), 
         except ValueError as e:
             return report(title, False, f"its messages cannot be batched safely for NCCL: {e}",
                           "keep Megatron's order: steady-state pairs F, B")
-    sched, bad = _valid(name, data[",".join(map(str, run))], "the schedule cannot run")
+    sched, bad = _valid(name, data[",".join(map(str, run))], "the schedule cannot run", *run)
     if bad is not None:
         return bad
     return _run(name, sched, run[1], "valid, bubble (p-1)/(v m), Megatron's in-flight count and NCCL-safe p2p for "
@@ -211,7 +231,7 @@ def _judge_bubble(data, p=4, v=2, m=8, which="prediction"):
         return report(name, False, "no prediction given" if data.get("none") else f"the prediction is a "
                       f"{data.get('type')}, not a number", "replace None by a number")
     got = simulate(_schedule("interleaved", p, v, m)).bubble_fraction
-    if abs(data["value"] - got) > 1e-3:
+    if far(data["value"], got, 1e-3):
         return report(name, False, f"predicted {data['value']:.4f}, the simulator says {got:.4f} for p={p}, v={v}, "
                       f"m={m}", "count the idle slots of one rank, in units of a chunk's forward")
     return report(name, True, f"{got:.4f} for p={p}, v={v}, m={m}: (p-1)/(v m) = {p - 1}/({v}*{m})")
@@ -224,18 +244,19 @@ def _judge_messages(data, p=2, v=2, m=4, rank=0, which="interleaved"):
         return report(name, False, "no prediction given" if data.get("none") else f"the prediction is a "
                       f"{data.get('type')}, not a number", "replace None by a number")
     sent = sum(len(step.sends) for step in p2p_plan.plan(_schedule("", p, v, m))[rank])
-    if int(data["value"]) != sent or data["value"] != int(data["value"]):
+    if number(data["value"]) is None or data["value"] != sent:
         return report(name, False, f"predicted {data['value']:g}, rank {rank} sends {sent} messages for p={p}, "
                       f"v={v}, m={m}", "follow one microbatch: which stage boundaries does it cross, on which rank?")
     return report(name, True, f"rank {rank} sends {sent} messages for p={p}, v={v}, m={m}: {sent // m} per microbatch")
 
 
-BUBBLE = Spec("bubble", {"prediction": "prediction"}, _produce_number, _judge_bubble,
-              cases=({"which": "prediction", "p": 4, "v": 2, "m": 8},),
+PREDICT = OWN_SCHEDULES + ("labkit.pipeline_parallel.simulate:simulate", "labkit.pipeline_parallel.p2p_plan:plan")
+BUBBLE = Spec("bubble", {"prediction": "prediction"}, _produce_number, _judge_bubble, forbid=PREDICT,
+              why="predict it yourself", cases=({"which": "prediction", "p": 4, "v": 2, "m": 8},),
               hints=("count the idle slots of one rank, in units of a chunk's forward",
                      "bubble = idle / busy = (p - 1) / (v * m) for the 1F1B family"))
 MESSAGES = Spec("messages", {"interleaved": "messages_interleaved", "one_f_one_b": "messages_1f1b"},
-                _produce_number, _judge_messages, cases=({"which": "interleaved", "p": 2, "v": 2, "m": 4},
+                _produce_number, _judge_messages, forbid=PREDICT, why="predict it yourself", cases=({"which": "interleaved", "p": 2, "v": 2, "m": 4},
                                                          {"which": "one_f_one_b", "p": 2, "v": 1, "m": 4}), hints=(
                     "follow one microbatch: which stage boundaries does it cross, on which rank?",
                     "rank 0 holds virtual stages 0, p, 2p, ...: each forward out of a stage below the last sends, "

@@ -19,6 +19,7 @@ from __future__ import annotations
 from . import describe_mismatch, report
 from .hints import asker
 from .spec import Spec, failed, ranks, run
+from .compare import far
 
 H, S, MBS = 32, 16, 2
 PPL = "labkit.pipeline_parallel"
@@ -141,7 +142,7 @@ def _judge(data, world_size=2, m=4, seed=0, timeout=40.0):
         c = out["counts"]
         want = (m * act if r < p - 1 else 0) + (m * act if r > 0 else 0)
         got = c.get("send", {}).get("by_dtype", {}).get("float64", 0.0)
-        if set(c) - {"send", "recv"} or abs(got - want) > 0.5:
+        if set(c) - {"send", "recv"} or far(got, want, 0.5):
             ops = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(c.items())) or "nothing"
             return report(title, False, f"right gradients, but rank {r} sent {ops} bytes; one [b, s, h] "
                           f"activation forward and one gradient backward per microbatch is {want:.0f} of data, "

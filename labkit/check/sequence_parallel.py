@@ -23,6 +23,7 @@ from . import describe_mismatch, report, sent
 from .hints import asker
 from .spec import Spec, failed, ranks, run
 from .tp_common import ATOL, RTOL
+from .compare import far
 
 TP_COMM = "labkit.tensor_parallel.tp_comm"
 OWN_SP = tuple(f"{TP_COMM}:{n}" for n in (
@@ -131,7 +132,7 @@ def _forward_bytes(title, data, h, seq, extra_ok=()):
     tp = 2 * (t - 1) / t * N            # TP's forward: one all-reduce of [b, s, h]
     fwd = data[0]["forward"]
     ag, rs = sent(fwd, "all_gather"), sent(fwd, "reduce_scatter")
-    if abs(ag + rs - tp) > 0.5 or set(fwd) - {"all_gather", "reduce_scatter"}:
+    if far(ag + rs, tp, 0.5) or set(fwd) - {"all_gather", "reduce_scatter"}:
         ops = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(fwd.items())) or "nothing"
         return report(title, False, f"right values, but the forward sent {ops} bytes; TP's all-reduce of "
                       f"[b, s, h] sends {tp:.0f}", "one all-gather in g, one reduce-scatter in g-bar, along the "
@@ -185,7 +186,7 @@ def _judge_block(data, world_size=2, hidden_size=8, seq_length=8, seed=0):
     h = hidden_size
     want = 2 * (world_size - 1) / world_size * (3 * h) * 8           # ln_weight, ln_bias, fc2_bias
     got = data[0]["finalize"]
-    if set(got) - {"all_reduce"} or abs(sent(got) - want) > 0.5:
+    if set(got) - {"all_reduce"} or far(sent(got), want, 0.5):
         ops = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(got.items())) or "nothing"
         return report(title, False, f"right gradients, but finalize sent {ops} bytes; all-reducing exactly the "
                       f"three partial gradients ({3 * h} numbers) sends {want:.0f}",

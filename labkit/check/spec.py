@@ -38,6 +38,23 @@ class Spec:
     hints: tuple = ()            # revealed one at a time by check.hint(id)
     ranks: bool = False          # produce launches ranks, which load the source themselves
     why: str = "this exercise asks you to write it yourself"
+    nonfinite: bool = False      # NaN/inf may be part of an honest answer (else refused before judging)
+    per_rank: bool = True        # with ranks: the data is a list of one result per rank of the case
+
+    def verdict(self, data, **case) -> CheckResult:
+        """``judge``, behind one gate every exercise shares: data of exact plain types, finite, of
+        bounded size (:func:`labkit.check.compare.refuse`), else a FAIL that names what it holds."""
+        from .compare import refuse
+        why = refuse(data, self.nonfinite)
+        if why:
+            return report(self.id, False, f"your answer holds {why}: not an answer this check takes",
+                          "return plain numbers and tensors, finite, of the form the exercise's stub gives")
+        n = case.get("world_size", case.get("cp"))
+        if self.ranks and self.per_rank and type(n) is int and not (type(data) is dict and "failed" in data) and (
+                type(data) is not list or len(data) != n):   # the rank count is the case's, never the answer's
+            return report(self.id, False, f"expected one result per rank ({n} ranks), got "
+                          f"{len(data) if type(data) is list else 'a ' + type(data).__name__}")
+        return self.judge(data, **case)
 
 
 # -- the student's code, as the process that runs it receives it -------------------------------
@@ -204,4 +221,4 @@ def run(spec: Spec, objects: dict, **case) -> CheckResult:
     """Run ``spec`` on the student's ``objects`` with ``case``; print and return its result."""
     from . import wire
     data = spec.produce(Live(objects), **case)
-    return spec.judge(wire.loads(wire.dumps(data)), **case)
+    return spec.verdict(wire.loads(wire.dumps(data)), **case)

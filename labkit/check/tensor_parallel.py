@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from . import report, tp_blocks
 from .spec import Spec, failed, ranks, run
+from .compare import far
 from .tp_common import (ATOL, GRADS, OWN_CONJUGATES, RTOL, MLPWith, _mlp_shard,  # noqa: F401 - the lab's names
                         dense_mlp, judge_mlp)
 
@@ -66,7 +67,7 @@ def _all_reduce_bytes(title, results, n_all_reduces: int, nbytes: int, hint: str
     for r, out in enumerate(results):
         others = [op for op in out["counts"] if op != "all_reduce"]
         got = out["counts"].get("all_reduce", {}).get("bytes", 0.0)
-        if others or abs(got - ideal) > 0.5:
+        if others or far(got, ideal, 0.5):
             what = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(out["counts"].items())) or "nothing"
             return report(title, False, f"right values, but rank {r} sent {what} bytes; {n_all_reduces} "
                           f"all-reduce(s) of the [b, s, h] output send {ideal:.0f}", hint)

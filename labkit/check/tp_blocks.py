@@ -18,6 +18,7 @@ from __future__ import annotations
 from . import describe_mismatch, report, sent
 from .spec import Spec, failed, ranks, run
 from .tp_common import ATOL, OWN_CONJUGATES, RTOL, judge_mlp
+from .compare import far
 
 TPL = "labkit.tensor_parallel.layers"
 OWN_ATTENTION = OWN_CONJUGATES + (f"{TPL}:ColumnParallelLinear.forward", f"{TPL}:RowParallelLinear.forward",
@@ -123,7 +124,7 @@ def _bytes(title, data, h):
     for r, out in enumerate(data):
         others = [op for op in out["counts"] if op != "all_reduce"]
         got = sent(out["counts"], "all_reduce")
-        if others or abs(got - ideal) > 0.5:
+        if others or far(got, ideal, 0.5):
             what = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(out["counts"].items())) or "nothing"
             return report(title, False, f"right values, but rank {r} sent {what} bytes; Megatron's block sends "
                           f"one all-reduce of the [b, s, h] output forward and one of the input gradient "

@@ -34,6 +34,7 @@ import functools
 from . import report, sent
 from .dp_common import GBS, MODEL, STEPS, TOL, _microbatches, _setup, _world, compare_params, reference
 from .spec import Spec, failed, ranks, run
+from .compare import far
 
 OWN_ZERO2 = ("labkit.data_parallel.zero:ZeRO2._shard_grads",)
 
@@ -177,7 +178,7 @@ def _judge(data, world_size=2, bucket_size=2000, seed=0):
     per_microbatch = sum(reduce_scatter_bytes(b, world_size) for b in _padded_bucket_bytes(bucket_size, world_size))
     for step in out["sent"]:
         got = sent(step, "reduce_scatter")
-        if set(step) - {"reduce_scatter"} or abs(got - 2 * per_microbatch) > 0.5:
+        if set(step) - {"reduce_scatter"} or far(got, 2 * per_microbatch, 0.5):
             ops = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(step.items())) or "nothing"
             return report(title, False, f"rank 0 sent {ops} bytes in a step of 2 microbatches; one reduce-scatter "
                           f"per bucket and microbatch is {2 * per_microbatch:.0f}",

@@ -18,9 +18,11 @@ against the master, one exercise at a time in a fresh sandboxed process (``answe
 the answer cells, ``sandbox.py`` runs them, ``labkit.check`` judges), ``gradebook.py`` writes the
 class's JSON, CSV and Canvas CSV after each submission, ``gradescope.py`` the results.json of
 Gradescope's autograder, ``integrity.py`` checks that labkit and the master did not change, and
-``validation.py`` checks masters and copies. book/instructors.md is the guide, with the threat
-model. Modules: run, schema, student, validation, answers, sandbox, grader, integrity, gradebook,
-gradescope, cli.
+``validation.py`` checks masters and copies; ``preflight.py`` grades the master first (full marks
+or nothing is graded), ``events.py`` reads the sandbox's lines as a schema, ``seccomp.py`` builds
+the sandbox's system-call filter. book/instructors.md is the guide, with the threat model.
+Modules: run, schema, student, validation, answers, events, seccomp, children, sandbox, grader,
+integrity, preflight, gradebook, gradescope, cli.
 """
 from .gradebook import grade
 from .run import ROOT, all_notebooks, execute, refresh

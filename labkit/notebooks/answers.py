@@ -96,11 +96,18 @@ def jobs(master, sub) -> list[Job]:
     return out
 
 
+# Copies of labkit the grader flags (book/instructors.md, "What the flags see"): running or loading
+# its source under another name (runpy, importlib and its loaders, get_code/get_source/get_data,
+# compile/exec), reading its files (open, pathlib's read_text/read_bytes, __file__, a path naming labkit)
 SUSPECT_MODULES = {"importlib", "ctypes", "gc", "inspect", "builtins", "subprocess", "signal", "socket",
-                   "multiprocessing", "pickle", "marshal", "types", "sys"}
+                   "multiprocessing", "pickle", "marshal", "types", "sys", "runpy", "pkgutil", "zipimport", "imp",
+                   "linecache", "dis", "code", "codeop"}
 SUSPECT_ATTRS = {"__code__", "__globals__", "__closure__", "__builtins__", "__dict__", "__subclasses__",
                  "modules", "meta_path", "reload", "spec_from_file_location", "FunctionType", "kill",
-                 "killpg", "fork", "setsid", "system", "popen", "exec_module", "_getframe", "f_back"}
+                 "killpg", "fork", "setsid", "system", "popen", "exec_module", "_getframe", "f_back",
+                 "run_path", "run_module", "get_code", "get_source", "get_data", "source_to_code", "loader",
+                 "__spec__", "__loader__", "__file__", "__path__", "read_text", "read_bytes", "getsource",
+                 "find_spec", "load_module", "SourceFileLoader", "module_from_spec", "getlines"}
 SUSPECT_CALLS = {"exec", "eval", "compile", "open", "__import__", "setattr", "globals", "vars"}
 
 
@@ -123,6 +130,9 @@ def flags(answers) -> list[dict]:
                 what = f"uses .{node.attr}"
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SUSPECT_CALLS:
                 what = f"calls {node.func.id}()"
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "labkit" in node.value and (
+                    "/" in node.value or node.value.endswith((".py", ".pyc"))):
+                what = "names a file of labkit"
             if what and what not in seen:
                 seen.add(what)
                 found.append({"where": where, "what": what})

@@ -16,6 +16,8 @@ def _sandbox_args(p) -> None:
                    help="allow --sandbox none: submissions then run as you, and can read and write your files")
     p.add_argument("--memory-gib", type=float, default=6.0, help="address-space limit per process (default 6)")
     p.add_argument("--cpu-seconds", type=int, default=900, help="CPU-time limit per process (default 900)")
+    p.add_argument("--total-seconds", type=float, help="seconds for a whole submission, all its runs "
+                   "(default 20 x --timeout)")
     p.add_argument("--hidden", help="hidden-test file (default: hidden/<master>.json beside the master)")
     p.add_argument("--keep", action="store_true", help="keep each submission's folder (to debug grading)")
 
@@ -112,7 +114,7 @@ def options(args):
                       "sandbox needs --sandbox none --unsafe-no-sandbox")
     if box.kind == "none":
         become_subreaper()
-    return Options(sandbox=box, timeout=args.timeout, keep=args.keep,
+    return Options(sandbox=box, timeout=args.timeout, keep=args.keep, total=args.total_seconds,
                    workdir=getattr(args, "workdir", None)), ""
 
 

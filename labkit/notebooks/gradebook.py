@@ -30,6 +30,7 @@ from pathlib import Path
 
 from .grader import Options, grade_one
 from .integrity import Fingerprint
+from .preflight import check_master
 from .schema import exercises
 from .validation import validate
 
@@ -80,19 +81,26 @@ def load_roster(path) -> list[dict]:
 
 def student_id(path, pattern: str | None, roster: list[dict] | None) -> str:
     """The student of a submission: the roster row whose ``file`` is its name, else the pattern's
-    group ``id`` (default: the file's stem), which must then be in the roster if there is one."""
+    group ``id`` (default: the file's stem), which must then be in the roster if there is one. The
+    pattern must match the whole file name (with or without ``.ipynb``), never a folder or a part
+    of it (``mallory_bob_tensor.ipynb`` is not bob's); a name two roster rows claim is refused."""
     name = Path(path).name
-    if roster:
-        for row in roster:
-            if row.get("file") and row["file"] == name:
-                return row["id"]
+    rows = [row for row in roster or [] if row.get("file") and row["file"] == name]
+    if len({row["id"] for row in rows}) > 1:
+        raise ValueError(f"{path}: the roster gives this file to {len(rows)} students "
+                         f"({', '.join(sorted(r['id'] for r in rows))}): refused")
     if pattern:
-        m = re.search(pattern, str(path))
-        if not m or "id" not in m.groupdict():
-            raise ValueError(f"{path}: --id-pattern {pattern!r} has no match with a group 'id'")
+        m = re.fullmatch(pattern, name) or re.fullmatch(pattern, Path(name).stem)
+        if not m or "id" not in m.groupdict() or not m.group("id"):
+            raise ValueError(f"{path}: --id-pattern {pattern!r} does not match the whole file name {name!r} "
+                             "with a group 'id'")
         sid = m.group("id")
     else:
         sid = Path(path).stem
+    if rows:
+        if pattern and sid != rows[0]["id"]:
+            raise ValueError(f"{path}: the roster gives this file to {rows[0]['id']!r}, its name to {sid!r}: refused")
+        return rows[0]["id"]
     if roster and sid not in {r["id"] for r in roster}:
         raise ValueError(f"{path}: student id {sid!r} is not in the roster")
     return sid
@@ -143,9 +151,20 @@ def atomic_write(dir_fd: int, name: str, text: str) -> None:
 
 
 # -- the three files ----------------------------------------------------------------------------
+def cell(value):
+    """A CSV cell a spreadsheet shows as text: one starting with =, +, -, @ (or a tab, a carriage
+    return) would be read as a formula (OWASP, "CSV Injection"), so it gets a leading '; numbers
+    stay numbers; control characters go."""
+    if type(value) in (int, float):
+        return value
+    from .events import clean
+    text = clean(str(value), 1000)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
 def _csv(rows) -> str:
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
+    csv.writer(buf, lineterminator="\n").writerows([[cell(v) for v in row] for row in rows])
     return buf.getvalue()
 
 
@@ -213,13 +232,18 @@ def grade(submissions, master_path, out_dir="grades", opts: Options | None = Non
     done = {(r["submission"], r.get("sha256")) for r in book["submissions"]}
     trusted = [master_path] + [p for p in [hidden_file(master_path, hidden_path)] if p.exists()]
     fingerprint = Fingerprint.of(opts.sandbox.labkit_root, *trusted)
+    if opts.check_master:                          # the set-up proven on the master before any student
+        check_master(master, master_path, opts, fingerprint)
     results = []
     try:
         for path in submissions:
             digest = _sha256(path) if Path(path).is_file() else ""
             if (str(path), digest) in done:
                 continue
-            r = grade_one(master, master_path, path, opts)
+            try:
+                r = grade_one(master, master_path, path, opts)
+            except Exception as e:  # noqa: BLE001 - this submission's error row; the run goes on
+                r = broken_row(master, path, e)
             mtime = Path(path).stat().st_mtime if Path(path).exists() else None
             r = {"student_id": who[str(path)], "sha256": digest, "submitted_at": datetime.datetime.fromtimestamp(
                 mtime, datetime.timezone.utc).isoformat(timespec="seconds") if mtime else "",
@@ -239,6 +263,17 @@ def grade(submissions, master_path, out_dir="grades", opts: Options | None = Non
         if dir_fd is not None:
             os.close(dir_fd)
     return results
+
+
+def broken_row(master, path, e: BaseException) -> dict:
+    """The row of a submission the grader failed on: 0 points, the reason; written like any other, so
+    ``--resume`` goes past it."""
+    from .events import clean
+    why = clean(f"the grader failed on this submission ({type(e).__name__}: {e})", 600)
+    exs = [{"id": x.id, "status": "error", "points": 0, "max_points": x.max_points, "message": why,
+            "checked": "none", "cases": []} for x in exercises(master)]
+    return {"submission": str(path), "points": 0, "max_points": sum(x["max_points"] for x in exs),
+            "exercises": exs, "flags": [], "sandbox": "", "seconds": 0}
 
 
 def human(result: dict) -> str:

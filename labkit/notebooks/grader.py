@@ -7,11 +7,14 @@ For each exercise of the master, in a fresh folder holding only a copy of the su
 2. **Run** them in a sandbox (``sandbox.run_job``: bubblewrap by default), in a fresh process
    (``labkit.check.runner``) that bans labkit's implementation of the exercise and installs the
    counting process group *before* the source runs, then runs each case's ``produce``: the
-   visible cases of the check cell and the hidden ones (other shapes, world sizes, seeds), read by
-   the grader from a file the sandbox does not mount. Each answer cell and each case has
-   ``timeout`` seconds; a timeout, a crash or a kill costs only this exercise.
+   visible cases of the check cell in one run, each hidden one (other shapes, world sizes, seeds,
+   read by the grader from a file the sandbox does not mount) alone in a run of its own. Each
+   answer cell and each case has ``timeout`` seconds, the whole submission ``Options.budget()``;
+   a timeout, a crash, a kill or a broken line (``events.parse``) costs only this exercise.
 3. **Judge** here, in the grader's process, where no submission code runs: each case's data
-   (JSON, never a pickle) against the exercise's independent reference (``Spec.judge``).
+   (JSON, never a pickle) against the exercise's independent reference (``Spec.verdict``: plain,
+   finite data of the case's size first, then ``Spec.judge``). A hidden case's message says only
+   pass or fail; what the check said is its ``detail``, shown once grades are published.
 
 Points are partial: ``max_points`` x the share of the exercise's cases that pass (status "pass"
 when all do, "partial" when some do). A lab check that is not a ``labkit.check`` Spec is graded the
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .answers import flags, jobs
+from .events import clean
 from .sandbox import Sandbox, run_job
 from .schema import Exercise, exercises
 
@@ -43,22 +47,36 @@ class Options:
     hidden: dict = field(default_factory=dict)     # exercise id -> [case dicts]
     workdir: str | None = None            # where the per-submission folders are made
     keep: bool = False                    # keep them (to debug a grading problem)
+    check_master: bool = True             # grade the master first, refuse unless full marks (preflight)
+    total: float | None = None            # seconds for a whole submission, every run (default 20 x timeout)
+    _deadline: float = field(default=float("inf"), repr=False)    # set by grade_one
+
+    def budget(self) -> float:
+        return self.total if self.total is not None else 20 * self.timeout
 
 
 def _case_result(spec, case: dict, hidden: bool, event) -> dict:
+    """One case's verdict. A hidden case's message says only pass or fail: what the check said (it
+    can echo the answer, which can hold the case's parameters) is its ``detail``, shown to students
+    only once grades are published (Gradescope's ``after_published``)."""
     from labkit.check import wire
     name = "hidden case" if hidden else "case"
     if event is None:
-        return {"name": name, "hidden": hidden, "passed": False, "message": "did not run"}
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            r = spec.judge(wire.decode(event["data"]), **case)
-        return {"name": r.name if not hidden else f"hidden: {r.name}", "hidden": hidden, "passed": r.passed,
-                "message": r.message + (f"\nhint: {r.hint}" if r.hint and not r.passed else "")}
-    except Exception as e:  # noqa: BLE001 - malformed data from the sandbox, or a judge bug
-        return {"name": name, "hidden": hidden, "passed": False,
-                "message": f"the check could not read what your code produced ({type(e).__name__}: "
-                           f"{str(e)[:200]})"}
+        r = {"name": name, "passed": False, "message": "did not run"}
+    else:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                v = spec.verdict(wire.decode(event["data"]), **case)
+            r = {"name": v.name, "passed": v.passed,
+                 "message": v.message + (f"\nhint: {v.hint}" if v.hint and not v.passed else "")}
+        except Exception as e:  # noqa: BLE001 - malformed data from the sandbox, or a judge bug
+            r = {"name": name, "passed": False, "message": "the check could not read what your code produced "
+                                                          f"({type(e).__name__}: {str(e)[:200]})"}
+    if not hidden:
+        return {**r, "hidden": False}
+    return {"name": "hidden case", "hidden": True, "passed": r["passed"], "message": "passes" if r["passed"] else
+            "fails (what the check said is shown once grades are published)",
+            "detail": clean(f"{r['name']}: {r['message']}")}
 
 
 def _notes(outcome, timeout: float, earlier=frozenset()) -> list[str]:
@@ -90,15 +108,19 @@ def _score(ex: Exercise, cases: list, notes: list, outcome, checked: str) -> dic
         status = "error"
     else:
         status = "fail"
-    first = next((c for c in cases if not c["passed"]), None)
+    first = next((c for c in cases if not c["passed"] and not c["hidden"]), None)
+    hidden_bad = sum(c["hidden"] and not c["passed"] for c in cases)
     if status == "pass":
         msg = "; ".join(c["message"] for c in cases if not c["hidden"]) or "all cases pass"
+    elif first is None and hidden_bad:         # never a hidden case's own words
+        msg = (f"the visible cases pass; {hidden_bad} of {sum(c['hidden'] for c in cases)} hidden cases fail "
+               "(what the check said is shown once grades are published)")
     else:
         msg = (first["message"] if first and first["message"] != "did not run" else "the check did not run")
         msg = "; ".join(notes) + "; then " + msg if notes else msg
     return {"id": ex.id, "status": status, "points": round(ex.max_points * passed / total, 2),
-            "max_points": ex.max_points, "message": msg[:4000], "checked": checked,
-            "cases": [{**c, "message": c["message"][:2000]} for c in cases]}
+            "max_points": ex.max_points, "message": clean(msg, 4000), "checked": checked,
+            "cases": [{**c, "name": clean(c["name"], 200), "message": clean(c["message"])} for c in cases]}
 
 
 def _legacy(ex: Exercise, outcome, timeout: float, earlier=frozenset()) -> dict:
@@ -142,14 +164,37 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
     skipped = [f"{where} was left out ({why})" for where, why in skip.items()
                if any(a[0] == where for a in job.answers)]
     if spec is None:
-        outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout)
+        outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout,
+                          total=_left(opts))
         return _legacy(ex, outcome, opts.timeout, earlier), _stuck_cell(outcome)
-    cases = [(dict(c), False) for c in spec.cases] + [(dict(c), True) for c in opts.hidden.get(ex.id, [])]
-    outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout)
-    data = {e["index"]: e for e in outcome.events if e.get("event") == "data" and isinstance(e.get("index"), int)}
+    cases = [(dict(c), False) for c in spec.cases]
+    outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout,
+                      total=_left(opts))
+    stuck, hidden = _stuck_cell(outcome), []
+    for k, case in enumerate(opts.hidden.get(ex.id, [])):   # each hidden case alone in its own run:
+        run = None                                           # no other case's parameters to find there
+        if not stuck and _left(opts) > 0:
+            where = folder.with_name(f"{folder.name}-hidden-{k}")
+            where.mkdir()
+            shutil.copyfile(notebook, where / "submission.ipynb")
+            run = run_job(opts.sandbox, where, {**payload, "cases": [dict(case)]}, opts.timeout, total=_left(opts))
+        event = next((e for e in run.events if e["event"] == "data"), None) if run else None
+        hidden.append(_case_result(spec, dict(case), True, event))
+    return judge_outcome(ex, spec, cases, outcome, opts.timeout, skipped, earlier, hidden), stuck
+
+
+def _left(opts: Options) -> float:
+    """Seconds left of the submission's budget (``opts._deadline`` is set by ``grade_one``)."""
+    return opts._deadline - time.monotonic()
+
+
+def judge_outcome(ex: Exercise, spec, cases: list, outcome, timeout: float, skipped=(), earlier=frozenset(),
+                  more=()) -> dict:
+    """The exercise's result from what its run sent (``outcome.events``, parsed by ``events.parse``)
+    and ``more`` cases judged from runs of their own (the hidden ones)."""
+    data = {e["index"]: e for e in outcome.events if e["event"] == "data"}
     judged = [_case_result(spec, case, hidden, data.get(k)) for k, (case, hidden) in enumerate(cases)]
-    return (_score(ex, judged, skipped + _notes(outcome, opts.timeout, earlier), outcome, "isolated"),
-            _stuck_cell(outcome))
+    return _score(ex, [*judged, *more], [*skipped, *_notes(outcome, timeout, earlier)], outcome, "isolated")
 
 
 def _summary(path, results, extra=None) -> dict:
@@ -157,9 +202,33 @@ def _summary(path, results, extra=None) -> dict:
             "max_points": sum(r["max_points"] for r in results), "exercises": results, **(extra or {})}
 
 
+def _broken(ex: Exercise, e: BaseException) -> dict:
+    return {"id": ex.id, "status": "error", "points": 0, "max_points": ex.max_points, "checked": "none",
+            "message": clean(f"the grader could not grade this exercise ({type(e).__name__}: {e})", 600),
+            "cases": []}
+
+
 def _missing(ex: Exercise, message: str) -> dict:
     return {"id": ex.id, "status": "missing", "points": 0, "max_points": ex.max_points, "message": message,
             "checked": "none", "cases": []}
+
+
+def read_submission(path) -> bytes:
+    """The bytes of a regular file at ``path``, never through a symbolic link (a link to the master
+    was graded as the master), a fifo or a device; at most :data:`MAX_NOTEBOOK` bytes."""
+    import os
+    import stat
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ValueError("a symbolic link: refused" if os.path.islink(path) else e.strerror) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file: refused")
+        data = f.read(MAX_NOTEBOOK + 1)
+    if len(data) > MAX_NOTEBOOK:
+        raise ValueError(f"larger than {MAX_NOTEBOOK // 2**20} MiB")
+    return data
 
 
 def grade_one(master, master_path: Path, path, opts: Options | None = None) -> dict:
@@ -168,22 +237,31 @@ def grade_one(master, master_path: Path, path, opts: Options | None = None) -> d
     opts = opts or Options()
     exs, t0 = exercises(master), time.monotonic()
     try:
-        if Path(path).stat().st_size > MAX_NOTEBOOK:
-            raise ValueError(f"larger than {MAX_NOTEBOOK // 2**20} MiB")
-        sub = nbformat.read(str(path), as_version=4)
+        raw = read_submission(path)
+        sub = nbformat.reads(raw.decode("utf-8"), as_version=4)
     except Exception as e:  # noqa: BLE001 - an unreadable file is reported, not raised
-        return _summary(path, [_missing(ex, f"could not read the notebook: {str(e)[:200]}") for ex in exs])
+        return _summary(path, [_missing(ex, clean(f"could not read the notebook: {str(e)[:200]}")) for ex in exs])
     if not {c.get("id") for c in sub.cells} & {c.get("id") for c in master.cells}:
         return _summary(path, [_missing(ex, "no cell id of the master found: is this a copy of "
                                         f"{Path(master_path).name}, saved with its cell ids?") for ex in exs])
     todo = jobs(master, sub)
-    tmp = Path(tempfile.mkdtemp(prefix="labkit-grade-", dir=opts.workdir))
+    if opts.workdir:
+        Path(opts.workdir).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="labkit-grade-", dir=opts.workdir)).resolve()
     try:
         notebook = tmp / "submission.ipynb"
-        shutil.copyfile(path, notebook)
+        notebook.write_bytes(raw)                     # what was read and checked, not the path again
         results, skip, earlier = [], {}, set()
+        opts._deadline = t0 + opts.budget()            # one budget for the whole submission
         for job in todo:                 # a cell that hung or crashed one exercise is left out of the next
-            result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip, frozenset(earlier))
+            if _left(opts) <= 0:
+                results.append({**_missing(job.exercise, f"not run: the submission's total time ({opts.budget():g} s) "
+                                           "ran out"), "status": "timeout"})
+                continue
+            try:
+                result, stuck = grade_exercise(job, tmp / job.exercise.id, notebook, opts, skip, frozenset(earlier))
+            except Exception as e:  # noqa: BLE001 - whatever went wrong is this exercise's error, never the run's
+                result, stuck = _broken(job.exercise, e), ""
             earlier |= {where for where, _ in job.answers}
             results.append(result)
             if stuck:

@@ -38,8 +38,10 @@ def results_json(result: dict | None, seconds: float, problem: str = "") -> dict
         if hidden:
             tests.append({"name": f"{x['id']}: hidden cases", "score": 0.0, "max_score": 0.0,
                           "status": "passed" if all(c["passed"] for c in hidden) else "failed",
-                          "output": f"{sum(c['passed'] for c in hidden)} of {len(hidden)} hidden cases pass "
-                                    "(counted in the exercise's score)", "visibility": "after_published"})
+                          "output": (f"{sum(c['passed'] for c in hidden)} of {len(hidden)} hidden cases pass "
+                                     "(counted in the exercise's score)\n" + "\n".join(
+                                         f"{'PASS' if c['passed'] else 'FAIL'} {c.get('detail', '')}"
+                                         for c in hidden))[:8000], "visibility": "after_published"})
     flags = "; ".join(f"{f['where']} {f['what']}" for f in result.get("flags", []))
     return {"score": result["points"], "execution_time": round(seconds),
             "output": f"{result['points']:g} of {result['max_points']} points", "tests": tests,
@@ -48,21 +50,27 @@ def results_json(result: dict | None, seconds: float, problem: str = "") -> dict
 
 def run_autograder(master_path, submission_dir="/autograder/submission",
                    results_path="/autograder/results/results.json", opts=None, hidden_path=None) -> dict:
-    from .gradebook import MasterError, load_hidden, load_master
+    from .gradebook import MasterError, hidden_file, load_hidden, load_master
     from .grader import Options, grade_one
+    from .preflight import SetupError
     t0 = time.monotonic()
     opts = opts or Options()
     try:
         master = load_master(master_path)
         if not opts.hidden:
             opts.hidden = load_hidden(Path(master_path), hidden_path)
+        if opts.check_master:
+            from .integrity import Fingerprint
+            from .preflight import check_master
+            trusted = [Path(master_path)] + [p for p in [hidden_file(Path(master_path), hidden_path)] if p.exists()]
+            check_master(master, Path(master_path), opts, Fingerprint.of(opts.sandbox.labkit_root, *trusted))
         path = find_submission(Path(submission_dir), Path(master_path))
         if path is None:
             out = results_json(None, time.monotonic() - t0, f"no notebook to grade in the submission: upload "
                                f"{Path(master_path).name}")
         else:
             out = results_json(grade_one(master, Path(master_path), path, opts), time.monotonic() - t0)
-    except MasterError as e:
+    except (MasterError, SetupError) as e:
         out = results_json(None, time.monotonic() - t0, f"the autograder is misconfigured: {e}")
     Path(results_path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(results_path).with_suffix(".tmp")

@@ -34,6 +34,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import events, seccomp
 from .children import LIVE, children, reap, run, spawn
 
 KINDS = ("bwrap", "docker", "none")
@@ -50,6 +51,7 @@ class Limits:
     file_bytes: int = 256 * 2**20          # RLIMIT_FSIZE
     processes: int = 256                   # RLIMIT_NPROC, for the sandbox's user (not enforced for root)
     open_files: int = 1024                 # RLIMIT_NOFILE
+    disk_bytes: int = 256 * 2**20          # bwrap: each of /grade, /tmp, /dev/shm is a tmpfs of this size
 
     def apply(self) -> None:
         """Set them in this process (a child, before exec); inherited by everything it starts."""
@@ -91,8 +93,9 @@ class Sandbox:
                                capture_output=True, text=True, timeout=30)
         return "" if probe.returncode == 0 else f"bwrap cannot run here: {probe.stderr.strip()[:200]}"
 
-    def argv(self, folder: Path, name: str) -> list[str]:
-        """The command that runs the runner for one exercise in ``folder``."""
+    def argv(self, folder: Path, name: str, seccomp_fd: int | None = None) -> list[str]:
+        """The command that runs the runner for one exercise in ``folder`` (bwrap: with the seccomp
+        filter read from ``seccomp_fd``, see :mod:`labkit.notebooks.seccomp`)."""
         drop = ["--drop-to", "65534:65534"] if os.geteuid() == 0 else []
         if self.kind == "none":
             return [sys.executable, *RUNNER]
@@ -106,24 +109,30 @@ class Sandbox:
                     "-v", f"{self.labkit_root / 'labkit'}:{INSIDE}/labkit:ro",
                     "-v", f"{self.labkit_root / 'data'}:{INSIDE}/data:ro",
                     self.image, "python", *RUNNER]
-        python = os.path.realpath(sys.executable)
+        # the environment's own interpreter (a venv's bin/python), never its realpath: in a venv that
+        # is the base interpreter, which does not see the venv's packages (torch missing, master 0/6)
+        python, size = os.path.abspath(sys.executable), str(self.limits.disk_bytes)
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-                "--hostname", "labkit-sandbox", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
-                "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+                "--hostname", "labkit-sandbox", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs",
+                "/dev/shm", "--proc", "/proc", "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+        args += ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
         for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
             args += ["--ro-bind-try", d, d]
         made = set()
         prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                    os.path.dirname(os.path.dirname(python)))
-        for prefix in sorted({os.path.realpath(p) for p in prefixes}):
+                    os.path.dirname(os.path.dirname(python)),
+                    os.path.dirname(os.path.dirname(os.path.realpath(python))))
+        # each as written and resolved: a venv's bin/python links to the base one, by either name
+        for prefix in sorted({q for p in prefixes for q in (os.path.abspath(p), os.path.realpath(p))}):
             if prefix.startswith("/usr/"):
                 continue
             args += _dirs(Path(prefix).parent, made) + ["--ro-bind", prefix, prefix]
         args += _dirs(Path(INSIDE), made)
         args += ["--ro-bind", str(self.labkit_root / "labkit"), f"{INSIDE}/labkit",
                  "--ro-bind-try", str(self.labkit_root / "data"), f"{INSIDE}/data",
-                 "--bind", str(folder), "/grade", "--chdir", "/grade"]
+                 "--perms", "0777", "--size", size, "--tmpfs", "/grade",      # bytes written: capped, in memory
+                 "--ro-bind", str(folder / "submission.ipynb"), "/grade/submission.ipynb", "--chdir", "/grade"]
         for k, v in (("HOME", "/grade"), ("PATH", "/usr/bin:/bin"), ("LABKIT_BACKEND", "gloo"),
                      ("TMPDIR", "/tmp"), ("MPLBACKEND", "Agg"), ("PYTHONDONTWRITEBYTECODE", "1"),
                      ("PYTHONPATH", INSIDE)):
@@ -151,19 +160,30 @@ class Outcome:
 
 
 def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: float = 120.0,
-            max_output: int = 256 * 2**20) -> Outcome:
+            max_output: int = 256 * 2**20, total: float | None = None) -> Outcome:
     """Run the runner on ``job`` in ``folder``; each phase (start, each answer cell, each case) has
-    ``timeout`` seconds (the start ``startup`` more, for imports). Everything it started is killed
-    when it ends."""
+    ``timeout`` seconds (the start ``startup`` more, for imports), the whole run at most ``total``
+    (what is left of the submission's time). Everything it started is killed when it ends."""
     out, name = Outcome(), f"labkit-grade-{uuid.uuid4().hex[:12]}"
+    folder = Path(folder).resolve()           # a relative --workdir: bwrap and docker need it absolute
     folder.chmod(0o777)                       # the sandbox's user writes here
     before = children()
     t0 = time.monotonic()
-    proc = spawn(sandbox.argv(folder, name), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                 stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
-                 preexec_fn=sandbox.limits.apply, env=_env(sandbox))
+    prog = seccomp.program() if sandbox.kind == "bwrap" else None
+    rfd = None
+    if prog:
+        rfd, wfd = os.pipe()                  # bwrap reads the filter to its end, before it runs anything
+        os.write(wfd, prog)
+        os.close(wfd)
+    try:
+        proc = spawn(sandbox.argv(folder, name, rfd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True, pass_fds=(rfd,) if prog else (),
+                     preexec_fn=sandbox.limits.apply, env=_env(sandbox))
+    finally:
+        if rfd is not None:
+            os.close(rfd)
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
-    expect = {"cell": 0, "case": 0}
+    expect, seen = {"cell": 0, "case": 0}, set()
     try:
         try:
             proc.stdin.write(json.dumps(job).encode())
@@ -172,47 +192,57 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
             pass
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        buf, total, deadline, phase = b"", 0, time.monotonic() + startup + timeout, "starting and the set-up cells"
+        hard = t0 + total if total is not None else float("inf")
+        buf, total, deadline, phase = bytearray(), 0, time.monotonic() + startup + timeout, "starting and the set-up cells"
         while True:
-            left = deadline - time.monotonic()
+            left = min(deadline, hard) - time.monotonic()
             if left <= 0:
-                out.state, out.detail = "timeout", phase
+                out.state, out.detail = "timeout", (phase if deadline <= hard else "the submission's total time")
                 break
             if not sel.select(min(left, 1.0)):
                 continue
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            chunk = os.read(proc.stdout.fileno(), 1 << 20)
             if not chunk:
                 break
             total += len(chunk)
-            if total > max_output:
-                out.state, out.detail = "protocol", f"more than {max_output} bytes of output"
+            start = len(buf)
+            buf += chunk                              # in place: a long line costs its size, once
+            if total > max_output or (b"\n" not in chunk and len(buf) > events.MAX_LINE):
+                out.state, out.detail = "protocol", (f"more than {max_output} bytes of output" if total > max_output
+                                                     else f"a line of more than {events.MAX_LINE} bytes")
                 break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
+            if b"\n" not in chunk:
+                continue
+            cut = buf.rindex(b"\n", start)
+            lines, buf = bytes(buf[:cut]).split(b"\n"), buf[cut + 1:]
             for line in lines:
                 try:
-                    ev = json.loads(line)
-                except ValueError:
-                    out.state, out.detail = "protocol", "a line that is not JSON"
+                    ev = events.parse(line)
+                except events.ProtocolError as e:
+                    out.state, out.detail = "protocol", str(e)
                     break
-                kind = ev.get("event") if isinstance(ev, dict) else None
+                kind = ev["event"]
                 if kind in ("cell", "case"):         # a new phase: only forward, only as many as sent
                     limit = n_cells if kind == "cell" else n_cases
-                    if ev.get("index") != expect[kind] or expect[kind] >= limit:
+                    if ev["index"] != expect[kind] or expect[kind] >= limit:
                         out.state, out.detail = "protocol", f"unexpected {kind} event"
                         break
                     expect[kind] += 1
                     deadline = time.monotonic() + timeout
-                    phase = ev.get("where", "") if kind == "cell" else f"case {ev['index'] + 1}"
+                    phase = ev["where"] if kind == "cell" else f"case {ev['index'] + 1}"
+                elif kind == "data" and (ev["index"] != expect["case"] - 1 or ev["index"] in seen):
+                    out.state, out.detail = "protocol", "data for a case that is not running"   # one per case
+                    break
+                seen.add(ev["index"] if kind == "data" else None)
                 out.events.append(ev)
-            if out.state != "ok" or (out.events and out.events[-1].get("event") == "done"):
+            if out.state != "ok" or (out.events and out.events[-1]["event"] == "done"):
                 break
     finally:
         _kill(sandbox, proc, name)
         LIVE.discard(proc.pid)
         reap(before)
         out.seconds = time.monotonic() - t0
-    if out.state == "ok" and not (out.events and out.events[-1].get("event") == "done"):
+    if out.state == "ok" and not (out.events and out.events[-1]["event"] == "done"):
         code = proc.returncode
         out.state = "died"
         out.detail = (f"signal {-code}" if code is not None and code < 0 else f"exit code {code}")
