@@ -7,6 +7,7 @@
     python -m labkit experiments list|run ID [--scale cpu] [--megatron]|report   (a tutorial's runs)
     python -m labkit train ... --save DIR --save-interval N --load DIR [--async-save]   (checkpoints)
     python -m labkit diverge --world-size 2 --tensor-model-parallel-size 2 --inject same_seed_tp
+    python -m labkit fuzz --seed 0 --layouts 40 | --minutes 30 [--implementation ...] [--bug NAME]
 
 Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
 """
@@ -137,9 +138,15 @@ def _diverge(argv) -> int:
     return diverge_main(argv, train_parser)
 
 
+def _fuzz(argv) -> int:
+    from .fuzz.cli import main as fuzz_main   # random layouts against one device (labkit.fuzz)
+    return fuzz_main(argv)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments, "diverge": _diverge}
+    commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments, "diverge": _diverge,
+                "fuzz": _fuzz}
     try:
         from .calc import cli as calc_cli
         commands["estimate"] = calc_cli.main
