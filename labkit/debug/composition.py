@@ -37,9 +37,26 @@ def _chunks(engine):
     return engine.runner.chunks
 
 
+def _padded(cfg) -> bool:
+    return cfg.model_config().vocab_size != BYTE_VOCAB_SIZE
+
+
+# when each bug acts (cfg: the TrainConfig, topo: its Topology); everywhere else it is a no-op
+WHEN = {
+    "vocab_loss_gathered_logits": lambda cfg, topo: topo.tp > 1 and cfg.untie_embeddings_and_output_weights,
+    "sp_norm_grads_not_summed_with_cp": lambda cfg, topo: cfg.sequence_parallel and topo.tp > 1 and topo.cp > 1,
+    "vpp_embedding_grad_not_summed": lambda cfg, topo: (cfg.virtual_pipeline_size() > 1
+                                                        and not cfg.untie_embeddings_and_output_weights),
+    "cp_grad_scale_one_over_dp": lambda cfg, topo: topo.dp > 1 and topo.cp > 1,
+    "etp_expert_grads_wrong_group": lambda cfg, topo: cfg.num_experts is not None and topo.etp != topo.tp,
+    "dist_opt_shard_off_padded_vocab": lambda cfg, topo: (cfg.effective_zero_stage >= 1 and topo.dp * topo.cp > 1
+                                                          and _padded(cfg)),
+}
+
+
 def _vocab_loss_gathered_logits(engine, topo, groups, cfg):
     t = topo.tp
-    if t == 1 or not cfg.untie_embeddings_and_output_weights:
+    if not WHEN["vocab_loss_gathered_logits"](cfg, topo):
         return
     for chunk in _chunks(engine):
         if getattr(chunk, "loss_fn", None) is None:
@@ -61,12 +78,12 @@ def _drop_sums(engine, axis: str, which) -> None:
 
 
 def _sp_norm_grads_not_summed_with_cp(engine, topo, groups, cfg):
-    if cfg.sequence_parallel and topo.tp > 1 and topo.cp > 1:
+    if WHEN["sp_norm_grads_not_summed_with_cp"](cfg, topo):
         _drop_sums(engine, "tp", lambda n, e: "layernorm" in n or n.endswith("norm.weight"))
 
 
 def _vpp_embedding_grad_not_summed(engine, topo, groups, cfg):
-    if cfg.virtual_pipeline_size() > 1:
+    if WHEN["vpp_embedding_grad_not_summed"](cfg, topo):
         _drop_sums(engine, "embd", lambda n, e: "embd" in e.sum_axes())
 
 
@@ -81,12 +98,12 @@ def _after_grad_sync(engine, then) -> None:
 
 
 def _cp_grad_scale_one_over_dp(engine, topo, groups, cfg):
-    if topo.dp > 1 and topo.cp > 1:                      # averaged with 1/dp: cp times too large
+    if WHEN["cp_grad_scale_one_over_dp"](cfg, topo):    # averaged with 1/dp: cp times too large
         _after_grad_sync(engine, lambda: engine.dp.scale_grads(topo.cp))
 
 
 def _etp_expert_grads_wrong_group(engine, topo, groups, cfg):
-    if cfg.num_experts is None or topo.etp == topo.tp:
+    if not WHEN["etp_expert_grads_wrong_group"](cfg, topo):
         return
     factor = groups["dp"].size * groups["cp"].size / groups["edp"].size   # undoes edp / (dp x cp)
 
@@ -99,9 +116,7 @@ def _etp_expert_grads_wrong_group(engine, topo, groups, cfg):
 
 
 def _dist_opt_shard_off_padded_vocab(engine, topo, groups, cfg):
-    if cfg.effective_zero_stage < 1 or topo.dp * topo.cp == 1:
-        return
-    if cfg.model_config().vocab_size == BYTE_VOCAB_SIZE:   # no padding: the boundaries are right
+    if not WHEN["dist_opt_shard_off_padded_vocab"](cfg, topo):   # unpadded: the boundaries are right
         return
 
     def shift():
@@ -120,28 +135,29 @@ def composition_bugs(Bug) -> list:
             "(loss + log t, logit gradients / t)", 2,
             dict(tensor_model_parallel_size=2, untie_embeddings_and_output_weights=True),
             _vocab_loss_gathered_logits,
-            dict(phase="backward", layer="decoder.layers.1", tensor="output.grad", collective=None)),
+            dict(phase="backward", layer="decoder.final_layernorm", tensor="output.grad",
+                 collective="all_reduce on tp")),
         Bug("sp_norm_grads_not_summed_with_cp", "SP x CP: the norms' gradients reduced over CP but not summed "
             "over TP", 4, dict(tensor_model_parallel_size=2, sequence_parallel=True, context_parallel_size=2),
             _sp_norm_grads_not_summed_with_cp,
-            dict(phase="grads", layer="decoder.layers.0", tensor="layernorm", collective="all_reduce on tp")),
+            dict(phase="grads", layer="decoder.layers.0", tensor="input_layernorm.weight", collective="all_reduce on tp")),
         Bug("vpp_embedding_grad_not_summed", "VPP x tied embeddings: the embedding group's all-reduce skipped",
             2, dict(pipeline_model_parallel_size=2, num_layers=4, num_layers_per_virtual_pipeline_stage=1),
             _vpp_embedding_grad_not_summed,
             dict(phase="grads", layer="embedding", tensor="word_embeddings.weight", collective="all_reduce on embd")),
         Bug("cp_grad_scale_one_over_dp", "DP x CP: gradients averaged with 1/dp instead of 1/(dp x cp)", 4,
             dict(context_parallel_size=2), _cp_grad_scale_one_over_dp,
-            dict(phase="grads", layer="embedding", tensor="word_embeddings.weight", collective=None)),
+            dict(phase="grads", layer="embedding", tensor="word_embeddings.weight", collective="all_reduce on edp")),
         Bug("etp_expert_grads_wrong_group", "MoE x ETP != TP: expert gradients averaged without their "
             "edp/(dp x cp) scale", 2,
             dict(tensor_model_parallel_size=2, sequence_parallel=True, num_experts=2,
                  expert_tensor_parallel_size=1, moe_router_topk=1),
             _etp_expert_grads_wrong_group,
-            dict(phase="grads", layer="decoder.layers.1", tensor="experts", collective=None)),
+            dict(phase="grads", layer="decoder.layers.0", tensor="experts", collective=None)),
         Bug("dist_opt_shard_off_padded_vocab", "distributed optimizer x padded vocabulary: shard boundaries "
             "one element off", 2, dict(use_distributed_optimizer=True, make_vocab_size_divisible_by=96),
             _dist_opt_shard_off_padded_vocab,
-            dict(phase="grads", layer=None, tensor=None, collective=None)),
+            dict(phase="grads", layer="decoder.layers.0", tensor="linear_fc1.weight", collective=None)),
     ]
 
 

@@ -75,8 +75,11 @@ def summary(result) -> str:
     """The run's counts, layouts per minute, the cost by world size, and each finding."""
     c = result.counts()
     ran = c.get("ok", 0) + c.get("finding", 0)
+    ran += c.get("known", 0)
+    known = sorted({o.rule for o in result.outcomes if o.status == "known"})
     lines = [f"seed {result.seed}: {c['drawn']} layouts drawn, {c.get('refused', 0)} refused by a named rule, "
-             f"{ran} run, {len(result.findings)} finding(s), in {result.seconds:.0f} s "
+             f"{ran} run, {len(result.findings)} new finding(s)"
+             + (f", {c['known']} matching known finding(s) {known}" if known else "") + f", in {result.seconds:.0f} s "
              f"({60 * c['drawn'] / max(result.seconds, 1e-9):.1f} layouts/min drawn, "
              f"{60 * ran / max(result.seconds, 1e-9):.1f} run/min)"]
     lines += [f"  world {w}: {n} run, {s:.1f} s each" for w, (n, s) in result.by_world().items()]

@@ -46,7 +46,7 @@ def reference_key(layout: dict, steps: int) -> tuple:
 @dataclass
 class Outcome:
     layout: dict
-    status: str                      # "refused", "ok" or "finding"
+    status: str                      # "refused", "ok", "finding" or "known" (known.py)
     problems: list = field(default_factory=list)
     seconds: float = 0.0
     rule: str | None = None          # the refusal's message
@@ -58,6 +58,7 @@ class Runner:
     def __init__(self, steps: int = 2, bug: str | None = None, timeout: float = 240.0, check_bytes: bool = True):
         self.steps, self.bug, self.timeout, self.check_bytes = steps, bug, timeout, check_bytes
         self.refs: dict = {}
+        self.seen: dict = {}             # layout -> Outcome: the shrinker asks again, the fuzzer redraws
         self.runs = 0
 
     def reference(self, layout: dict) -> dict:
@@ -69,6 +70,12 @@ class Runner:
         return self.refs[key]
 
     def __call__(self, layout: dict) -> Outcome:
+        key = (layout["world_size"], layout["implementation"], tuple(sorted((k, repr(v)) for k, v in layout["config"].items())))
+        if key not in self.seen:
+            self.seen[key] = self._judge(layout)
+        return self.seen[key]
+
+    def _judge(self, layout: dict) -> Outcome:
         t0 = time.perf_counter()
         rule = refusal(layout)
         if rule is not None:
@@ -90,13 +97,22 @@ class Runner:
             return Outcome(layout, "refused", rule=str(e), seconds=time.perf_counter() - t0)
         except Exception as e:             # accepted by the rules, then failed: a finding
             last = (str(e).strip().splitlines() or [""])[-1][:300]
-            return Outcome(layout, "finding", [{"kind": "crash", "what": f"{type(e).__name__}: {last}",
-                                                "error": float("inf"), "bound": 0.0}], time.perf_counter() - t0)
+            return _classify(Outcome(layout, "finding", [{"kind": "crash", "what": f"{type(e).__name__}: {last}",
+                                                          "error": float("inf"), "bound": 0.0}], time.perf_counter() - t0))
         dropout = bool(cfg.hidden_dropout or cfg.attention_dropout)
         problems = compare(run, self.reference(layout), cfg, dropout)
         if not problems and self.check_bytes and predicts(cfg, impl):
             problems = compare_bytes(run, cfg, self.steps)
-        return Outcome(layout, "finding" if problems else "ok", problems, time.perf_counter() - t0)
+        return _classify(Outcome(layout, "finding" if problems else "ok", problems, time.perf_counter() - t0))
+
+
+def _classify(o: Outcome) -> Outcome:
+    """A finding that matches a known, filed one (known.py) is "known", its name as the rule."""
+    from .known import known
+    name = known(o.layout, o.problems[0]["kind"]) if o.status == "finding" else None
+    if name is not None:
+        o.status, o.rule = "known", name
+    return o
 
 
 def draw_layouts(seed: int, count: int, implementations=("labkit",), max_world: int = 8) -> list[dict]:
@@ -183,6 +199,8 @@ def _line(o: Outcome) -> str:
     text = describe(o.layout)
     if o.status == "refused":
         return f"{text}  -- {o.rule.splitlines()[0][:100]}"
+    if o.status == "known":
+        return f"{text}  -- known finding {o.rule}"
     if o.problems:
         p = o.problems[0]
         return f"{text}  -- {p['kind']}: {p['what'][:120]}"

@@ -51,6 +51,8 @@ def candidates(layout: dict):
         n = c.get(axis, 1)
         if n > 1:
             yield _with(layout, w // n, drop=(axis,) + AXIS_KNOBS[axis])            # the axis gone
+            yield _with(layout, drop=(axis,) + AXIS_KNOBS[axis],                     # its ranks to DP
+                        **({"global_batch_size": gbs * n} if gbs else {}))
             if n > 2:
                 yield _with(layout, w // 2, **{axis: n // 2})
     if c.get("num_experts") is not None:

@@ -37,7 +37,7 @@ def axes(draw, max_world: int = 8) -> dict:
     if cp > 1:
         c["cp_comm_type"] = draw(st.sampled_from(["p2p", "all_gather", "a2a"]))
     if pp > 1:
-        v = draw(st.sampled_from([1, 1, 2]))
+        v = draw(st.sampled_from([1, 2]))
         layers = pp * v * draw(st.sampled_from([1, 1, 2]))
         c["num_layers"] = layers
         if v > 1:
@@ -122,6 +122,8 @@ def layouts(draw, implementations=("labkit",), max_world: int = 8) -> dict:
     k = draw(knobs(c["num_layers"], pp, v))
     dp = world // (tp * cp * pp)
     m = k.pop("_microbatches")
+    if v > 1:                                   # interleaving: microbatches a multiple of pp (Megatron's rule)
+        m = pp * draw(st.sampled_from([1, 2]))
     if m > 1 or draw(st.booleans()):
         k["global_batch_size"] = k["micro_batch_size"] * dp * m
     c.update(k)
