@@ -4,6 +4,7 @@ and a small seeded fuzz of clean labkit runs with no new finding (issue 31)."""
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -114,6 +115,7 @@ def test_the_cli_refuses_an_unknown_bug(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("LABKIT_FUZZ"), reason="the fuzz step of .ci/run runs it (LABKIT_FUZZ=1)")
 def test_a_seeded_fuzz_of_clean_labkit_finds_nothing_new():
     r = fuzz(seed=0, layouts=6, max_world=4, diverge=False)
     c = r.counts()
