@@ -4,7 +4,8 @@ budget of drawn layouts, shrinks it to its minimal layout, and ``labkit diverge`
 Issue 31, "Done when". Each bug of ``labkit.debug.composition`` is a no-op on every single axis
 (tests/test_fuzz.py proves it without a run); here ``labkit.fuzz.fuzz(seed, layouts=budget,
 bug=name)`` draws layouts of the whole space (world 1-8) with that bug planted in every labkit run.
-The seed is fixed per bug; the median budget over seeds 0-4 is in the README ("labkit fuzz").
+The seed is fixed per bug; the median budget over seeds 0-4 is in the README ("labkit fuzz"). The
+layouts drawn depend on (seed, budget) together (Hypothesis's seeded stream is not prefix-stable).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.slow,
 # bug, seed, budget (layouts drawn, refused ones included)
 CASES = [("vocab_loss_gathered_logits", 4, 6), ("sp_norm_grads_not_summed_with_cp", 5, 8),
          ("vpp_embedding_grad_not_summed", 3, 14), ("cp_grad_scale_one_over_dp", 0, 10),
-         ("etp_expert_grads_wrong_group", 9, 8), ("dist_opt_shard_off_padded_vocab", 8, 8)]
+         ("etp_expert_grads_wrong_group", 9, 8), ("dist_opt_shard_off_padded_vocab", 0, 8)]
 
 
 @pytest.mark.parametrize("name,seed,budget", CASES, ids=[c[0] for c in CASES])
@@ -46,9 +47,7 @@ def test_each_composition_bug_is_found_shrunk_and_named(name, seed, budget, tmp_
 
 
 def test_clean_labkit_gives_no_new_finding_in_the_same_budgets():
-    budgets: dict = {}
-    for _, seed, budget in CASES:
-        budgets[seed] = max(budget, budgets.get(seed, 0))
-    for seed, budget in sorted(budgets.items()):
+    """The same (seed, budget) draws as above, no bug planted: nothing new (known.py's findings may match)."""
+    for _, seed, budget in CASES:         # a pool depends on (seed, budget): Hypothesis's stream is not prefix-stable
         r = fuzz(seed=seed, layouts=budget, diverge=False)
         assert not r.findings, "\n".join(str(f) for f in r.findings)

@@ -163,7 +163,10 @@ def fuzz(seed: int = 0, layouts: int | None = 40, minutes: float | None = None, 
     from .report import make_finding
     from .shrink import shrink as shrink_layout
     t0, runner = time.perf_counter(), Runner(steps, bug)
-    pool = draw_layouts(seed, layouts if layouts is not None else 3000, implementations, max_world)
+    # one draw of the whole pool (Hypothesis's stream is not prefix-stable across example counts):
+    # with a time budget, 20 per minute, several times what this machine runs
+    count = layouts if layouts is not None else max(100, int(20 * minutes))
+    pool = draw_layouts(seed, count, implementations, max_world)
     outcomes, findings, seen = [], [], set()
     for layout in pool:
         if minutes is not None and time.perf_counter() - t0 > 60 * minutes:
