@@ -18,6 +18,18 @@ KNOWN = [
      "when": lambda layout: (layout["implementation"] == "labkit"
                              and layout["config"].get("zero_stage") == 3
                              and layout["config"].get("recompute_granularity") == "full")},
+    {"name": "moe_capacity_tp_sp", "kind": "grad",
+     "what": "MoE with a capacity factor (token dropping) under TP + SP trains differently from one device: "
+             "the first divergence is the MoE layer's forward on tp rank 1 (labkit routes and drops each TP "
+             "rank's sequence shard; the reference drops over the whole microbatch) - to triage: labkit's "
+             "capacity or the reference's; found by labkit fuzz --seed 100 --minutes 20 at its 21st layout",
+     "reproducer": dict(world_size=2, tensor_model_parallel_size=2, sequence_parallel=True, num_attention_heads=4,
+                        hidden_size=16, seq_length=8, num_layers=2, make_vocab_size_divisible_by=128, num_experts=4,
+                        moe_router_topk=2, moe_expert_capacity_factor=1.5, micro_batch_size=1, params_dtype="float64"),
+     "when": lambda layout: (layout["implementation"] == "labkit"
+                             and layout["config"].get("num_experts") is not None
+                             and layout["config"].get("moe_expert_capacity_factor") is not None
+                             and layout["config"].get("tensor_model_parallel_size", 1) > 1)},
 ]
 
 
