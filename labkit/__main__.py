@@ -8,6 +8,7 @@
     python -m labkit train ... --save DIR --save-interval N --load DIR [--async-save]   (checkpoints)
     python -m labkit diverge --world-size 2 --tensor-model-parallel-size 2 --inject same_seed_tp
     python -m labkit export --load CKPT --hf OUT | --megatron OUT;  import --hf FOLDER --save CKPT
+    python -m labkit fuzz --seed 0 --layouts 40 | --minutes 30 [--implementation ...] [--bug NAME]
 
 Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
 """
@@ -146,10 +147,15 @@ def _interop(name):
     return run
 
 
+def _fuzz(argv) -> int:
+    from .fuzz.cli import main as fuzz_main   # random layouts against one device (labkit.fuzz)
+    return fuzz_main(argv)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments, "diverge": _diverge,
-                "export": _interop("export_main"), "import": _interop("import_main")}
+                "export": _interop("export_main"), "import": _interop("import_main"), "fuzz": _fuzz}
     try:
         from .calc import cli as calc_cli
         commands["estimate"] = calc_cli.main

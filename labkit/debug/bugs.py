@@ -16,7 +16,8 @@ must find it (tests/test_debug_bugs.py proves it does, for each):
     tied_embedding_grad_not_summed  the first and last stages' copies of the tied embedding are
                                   not summed over the embedding group
 
-A lab gets one of them from a seed without its name (:func:`assignment`): the student finds the
+and the composition bugs of ``composition.py`` (each invisible on every single axis; the fuzzer,
+``labkit.fuzz``, finds them). A lab gets one of the single-axis ones (``LAB_BUGS``) from a seed without its name (:func:`assignment`): the student finds the
 layer and the collective with the tool.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import comm
+from .composition import composition_bugs
 
 MODEL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, params_dtype="float64",
              micro_batch_size=2, global_batch_size=8, make_vocab_size_divisible_by=64)
@@ -136,6 +138,8 @@ BUGS = {b.name: b for b in [
         2, dict(pipeline_model_parallel_size=2), _drop_sum("embd", lambda n, e: "embd" in e.sum_axes()),
         dict(phase="grads", layer="embedding", tensor="word_embeddings.weight", collective="all_reduce on embd")),
 ]}
+LAB_BUGS = tuple(sorted(BUGS))          # the single-axis bugs: what a lab assigns
+BUGS.update({b.name: b for b in composition_bugs(Bug)})
 
 
 def _token(name: str, seed: int) -> str:
@@ -144,13 +148,13 @@ def _token(name: str, seed: int) -> str:
 
 def assignment(seed: int) -> dict:
     """A bug for a student, chosen from ``seed`` and not named: ``first_divergence(**assignment(s))``."""
-    bug = BUGS[sorted(BUGS)[random.Random(seed).randrange(len(BUGS))]]
+    bug = assigned_bug(seed)
     return {**bug.kwargs(), "inject": _token(bug.name, seed)}
 
 
 def assigned_bug(seed: int) -> Bug:
     """The bug :func:`assignment` gives ``seed`` (for the lab's check, and instructors)."""
-    return BUGS[sorted(BUGS)[random.Random(seed).randrange(len(BUGS))]]
+    return BUGS[LAB_BUGS[random.Random(seed).randrange(len(LAB_BUGS))]]
 
 
 def resolve(inject: str | None) -> str | None:
@@ -160,3 +164,23 @@ def resolve(inject: str | None) -> str | None:
     if isinstance(inject, str) and inject.startswith("assigned-") and inject[9:].lstrip("-").isdigit():
         return assigned_bug(int(inject[9:])).name
     raise ValueError(f"inject must be one of {sorted(BUGS)} (labkit.debug.BUGS), got {inject!r}")
+
+
+class Plant:
+    """``labkit.train(probe=Plant(name))``: apply planted bug ``name`` on every rank, record nothing
+    (the fuzzer's way to run a layout with a bug; ``fingerprints.Recording`` also records)."""
+
+    def __init__(self, bug: str):
+        self.bug = resolve(bug)
+
+    def __call__(self, engine, topo, groups, cfg):
+        BUGS[self.bug].apply(engine, topo, groups, cfg)
+        return _Quiet()
+
+
+class _Quiet:
+    def begin(self, iteration: int) -> None:
+        pass
+
+    def end(self):
+        return None

@@ -11,7 +11,10 @@ The order is torchtitan's ``parallelize_llama`` and labkit's ``parallelize`` ali
 Each iteration is the same global batch as ``labkit.train`` and ``labkit.reference`` (labkit/data.py)
 cut the same way (microbatch j of dp rank r), then one AdamW step over what the rank holds. The
 forward-backward runs under ``CommDebugMode`` and :class:`~labkit.native.count.ByteCounter`, so
-every collective of the step is counted (calls, and bytes per axis).
+every collective of the step is counted (calls, and bytes per axis). A ``CommDebugMode`` serves one
+microbatch only: its module tracker pops a parent it never pushed on the second forward (an
+IndexError in ``_fw_set_module_hook``, torch 2.13), so each microbatch, and the gradient finish,
+runs under a fresh one (:func:`_comm_debug`) and the counts are summed.
 """
 from __future__ import annotations
 
@@ -64,9 +67,10 @@ def build(cfg, topo, opts: NativeOptions, seed: int = 0):
     return mesh, parts, stages, sched
 
 
-def forward_backward(cfg, topo, parts, stages, sched, microbatches, opts: NativeOptions):
+def forward_backward(cfg, topo, parts, stages, sched, microbatches, opts: NativeOptions, calls=None):
     """One iteration's forward and backward on this rank; returns the mean loss over its
-    microbatches on a rank that computes the loss, else None."""
+    microbatches on a rank that computes the loss, else None. ``calls``: a dict that gathers
+    ``CommDebugMode``'s counts, one fresh mode per microbatch (no pipeline only)."""
     from torch.distributed.tensor.parallel import loss_parallel
 
     from .grads import finish_partial_grads
@@ -78,20 +82,38 @@ def forward_backward(cfg, topo, parts, stages, sched, microbatches, opts: Native
             labels = torch.cat([y for _, y in microbatches])
             loss = run_step(sched, stages, tokens, labels)
         else:
-            loss = _loop(parts[0], microbatches)
-    finish_partial_grads([p for part in parts for p in part.parameters()])
+            loss = _loop(parts[0], microbatches, calls)
+    with _comm_debug(calls):
+        finish_partial_grads([p for part in parts for p in part.parameters()])
     return loss
 
 
-def _loop(model, microbatches) -> float:
+@contextlib.contextmanager
+def _comm_debug(calls):
+    """A fresh ``CommDebugMode`` whose counts are added to ``calls`` (nothing when None)."""
+    if calls is None:
+        yield
+        return
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from .count import comm_debug_counts
+    mode = CommDebugMode()
+    with mode:
+        yield
+    for op, n in comm_debug_counts(mode).items():
+        calls[op] = calls.get(op, 0) + n
+
+
+def _loop(model, microbatches, calls=None) -> float:
     """No pipeline: each microbatch forward and backward, loss / m (gradient accumulation)."""
     from torch.distributed.tensor import DTensor
     m, total = len(microbatches), 0.0
     for j, (x, y) in enumerate(microbatches):
         if hasattr(model, "set_requires_gradient_sync"):
             model.set_requires_gradient_sync(j == m - 1)   # reduce once, after the last
-        loss = model(x, y) / m                             # a DTensor under loss parallel
-        loss.backward()
+        with _comm_debug(calls):
+            loss = model(x, y) / m                         # a DTensor under loss parallel
+            loss.backward()
         loss = loss.detach()
         total += float(loss.full_tensor() if isinstance(loss, DTensor) else loss)
     return total
@@ -101,11 +123,9 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
            opts: NativeOptions, log_line=None) -> dict:
     """Runs on every rank (``labkit.launch``): build, cut, train; the same return value as
     ``labkit.training._worker``. ``log_line``: formats rank 0's Megatron-style line per iteration."""
-    from torch.distributed.tensor.debug import CommDebugMode
-
     from .. import data
     from ..launcher import now, send_to_parent
-    from .count import ByteCounter, comm_debug_counts
+    from .count import ByteCounter
     from .grads import clip_, full_grads, grad_norm
     from .mesh import axis_groups
 
@@ -126,11 +146,8 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
         opt.zero_grad(set_to_none=True)
         counter.log.clear()                         # this step's collectives, in order
         # CommDebugMode cannot wrap a pipelining step (options.COMMDEBUG_PP_ERROR): counter only
-        debug = CommDebugMode() if sched is None else contextlib.nullcontext()
-        with debug, counter:
-            loss = forward_backward(cfg, topo, parts, stages, sched, mbs, opts)
-        for op, n in (comm_debug_counts(debug) if sched is None else {}).items():
-            calls[op] = calls.get(op, 0) + n
+        with counter:
+            loss = forward_backward(cfg, topo, parts, stages, sched, mbs, opts, calls if sched is None else None)
         per_step.append(counter.table())         # running totals; per step: differences
         if capture_grads and it == 0:
             grads = full_grads(parts, coords)
