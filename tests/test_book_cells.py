@@ -1,0 +1,68 @@
+"""The book's sources read as a book: guards for defects a reader hit (issue 36, part 5).
+
+- No markdown cell holds Python statements or repeats a code cell: Jupyter Book renders such a cell
+  as a paragraph of prose ("rows = [] for p_, v_, m_ in ..."), the defect interleaved-pipeline had.
+- No literal ``\\_`` inside ``\\text{}``/``\\texttt{}``/``\\mathrm{}`` in math: MathJax's text mode does
+  not process it and prints "global\\_batch\\_size" with the backslashes.
+- Every chapter and lab of _toc.yml appears in the intro's "What it covers" table (read from
+  _toc.yml, so new chapters are covered the day they are added).
+"""
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb")) + sorted((ROOT / "labs").glob("*.ipynb"))
+MARKDOWN = sorted((ROOT / "book").glob("*.md"))
+
+FENCE = re.compile(r"^(`{3,}|~{3,}).*?^\1\s*$", re.M | re.S)
+# Statements prose never parses as: a paragraph that is one of these is code shown as text.
+CODE_NODES = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.While, ast.If, ast.With,
+              ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Return, ast.Try)
+
+
+def _cells(path):
+    nb = json.loads(path.read_text())
+    return [(i, c["cell_type"], "".join(c["source"])) for i, c in enumerate(nb["cells"])]
+
+
+def python_in_markdown(text):
+    """The paragraphs (outside fenced blocks) of a markdown text that parse as Python statements."""
+    bad = []
+    for para in re.split(r"\n\s*\n", FENCE.sub("", text)):
+        para = para.strip()
+        if not para:
+            continue
+        try:
+            tree = ast.parse(para)
+        except (SyntaxError, ValueError):
+            continue
+        calls = [s for s in tree.body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
+        if any(isinstance(s, CODE_NODES) for s in tree.body) or len(calls) > 1:
+            bad.append(para[:80])
+    return bad
+
+
+def test_detector_catches_the_interleaved_pipeline_defect():
+    # The cell interleaved-pipeline carried (round 1 of issue 36), and prose that must pass.
+    code = ("rows = []\nfor p_, v_, m_ in [(2, 1, 8), (2, 2, 8)]:\n"
+            "    rows.append(p_)\nprint(pd.DataFrame(rows).to_string(index=False))")
+    assert python_in_markdown(code)
+    assert python_in_markdown("Some prose.\n\n```python\nx = 1\n```\n\nMore prose.") == []
+    assert python_in_markdown("## Heading\n\nThe bubble is $(p-1)/m$; see `x = 1`.") == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_markdown_cell_holds_python(path):
+    cells = _cells(path)
+    code = {src.strip() for _, kind, src in cells if kind == "code" and src.strip()}
+    for i, kind, src in cells:
+        if kind != "markdown":
+            continue
+        assert src.strip() not in code, f"{path.name} cell {i}: markdown repeats a code cell"
+        assert not python_in_markdown(src), (
+            f"{path.name} cell {i}: Python statements rendered as prose: {python_in_markdown(src)}")
