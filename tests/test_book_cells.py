@@ -66,3 +66,38 @@ def test_no_markdown_cell_holds_python(path):
         assert src.strip() not in code, f"{path.name} cell {i}: markdown repeats a code cell"
         assert not python_in_markdown(src), (
             f"{path.name} cell {i}: Python statements rendered as prose: {python_in_markdown(src)}")
+
+
+# \text{}, \texttt{} (and kin) switch MathJax to text mode, where \_ is printed as it stands.
+TEXT_MODE_UNDERSCORE = re.compile(
+    r"\\(?:text|texttt|textrm|textsf|textbf|textit|mbox)\{[^{}]*\\_[^{}]*\}")
+
+
+def test_text_mode_pattern_catches_the_defect():
+    assert TEXT_MODE_UNDERSCORE.search(r"$$\texttt{global\_batch\_size} = m$$")
+    assert TEXT_MODE_UNDERSCORE.search(r"$$\text{rank} = \text{tp\_rank} + t$$")
+    assert not TEXT_MODE_UNDERSCORE.search(r"$$\mathtt{global\_batch\_size} = \text{steps}$$")
+
+
+def _markdown_sources():
+    for path in NOTEBOOKS:
+        for i, kind, src in _cells(path):
+            if kind == "markdown":
+                yield f"{path.parent.name}/{path.name} cell {i}", src
+    for path in MARKDOWN:
+        yield f"book/{path.name}", path.read_text()
+
+
+def test_no_escaped_underscore_in_text_mode_math_sources():
+    bad = [(where, m.group(0)) for where, src in _markdown_sources()
+           for m in TEXT_MODE_UNDERSCORE.finditer(src)]
+    assert not bad, f"\\_ inside \\text{{}} renders with its backslash (use \\mathtt/\\mathrm): {bad}"
+
+
+def test_no_escaped_underscore_in_text_mode_math_built_html():
+    html = sorted((ROOT / "_build" / "html").rglob("*.html"))
+    if not html:
+        pytest.skip("no built book in _build/html (jupyter-book build . first)")
+    bad = [(p.name, m.group(0)) for p in html
+           for m in TEXT_MODE_UNDERSCORE.finditer(p.read_text(errors="replace"))]
+    assert not bad, f"\\_ inside \\text{{}} in the built pages: {bad[:10]}"
