@@ -101,3 +101,30 @@ def test_no_escaped_underscore_in_text_mode_math_built_html():
     bad = [(p.name, m.group(0)) for p in html
            for m in TEXT_MODE_UNDERSCORE.finditer(p.read_text(errors="replace"))]
     assert not bad, f"\\_ inside \\text{{}} in the built pages: {bad[:10]}"
+
+
+def _covers_table():
+    """The {doc} targets of the intro's "What it covers" table, as _toc.yml paths."""
+    text = (ROOT / "book" / "intro.md").read_text()
+    section = text.split("## What it covers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert rows, "intro.md: no table under 'What it covers'"
+    docs = set()
+    for row in rows:
+        for target in re.findall(r"\{doc\}`([^`]+)`", row):
+            docs.add(target.lstrip("/") if target.startswith("/") else f"book/{target}")
+    return docs
+
+
+# Pages of _toc.yml that are not chapters: the landing page's neighbours under "Start here" and the
+# reference pages, which the intro links in its own prose.
+NOT_CHAPTERS = {"Start here", "Reference"}
+
+
+def test_intro_table_lists_every_chapter_and_lab_of_the_toc():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    wanted = [c["file"] for part in toc["parts"] if part["caption"] not in NOT_CHAPTERS
+              for c in part["chapters"]]
+    assert len(wanted) > 20, wanted
+    missing = [f for f in wanted if f not in _covers_table()]
+    assert not missing, f"book/intro.md 'What it covers' omits chapters or labs of _toc.yml: {missing}"
