@@ -128,3 +128,12 @@ def test_intro_table_lists_every_chapter_and_lab_of_the_toc():
     assert len(wanted) > 20, wanted
     missing = [f for f in wanted if f not in _covers_table()]
     assert not missing, f"book/intro.md 'What it covers' omits chapters or labs of _toc.yml: {missing}"
+
+
+def test_no_product_missing_its_last_factor():
+    # tensor-parallel once wrote "$N = s\,b\,h \times$ bytes": the element size fell out of the math.
+    dangling = re.compile(r"\\(?:times|cdot)\s*\$")
+    assert dangling.search(r"4 all-reduces of $N = s\,b\,h \times$ bytes")
+    bad = [(where, src[max(0, m.start() - 40):m.end() + 10]) for where, src in _markdown_sources()
+           for m in dangling.finditer(src)]
+    assert not bad, f"a product ends in \\times/\\cdot with no factor after it: {bad}"
