@@ -112,6 +112,9 @@ def test_calculators_say_what_is_wrong_in_words():
     assert answers.calculate("batch", {"world_size": ""}) == {"error": "'GPUs' is empty: type a number"}
     assert "whole number" in answers.calculate("batch", {"world_size": 8.5})["error"]
     assert "no inputs ['bogus']" in answers.calculate("batch", {"bogus": 1})["error"]
+    # a negative step time is a typo, not "no step time" (0): say so instead of dropping it
+    assert "step_time must be a positive" in answers.calculate("memory", {"step_time": -1.0})["error"]
+    assert "mfu" in answers.calculate("memory", {"step_time": 10.0})
     assert answers.calculate("batch", {"world_size": 64.0, "global_batch_size": 64})["data_parallel_size"] == 64
     assert answers.key({"a": 0.0, "b": 1.5, "c": True}) == '{"a":0,"b":1.5,"c":true}'   # as JavaScript writes it
 

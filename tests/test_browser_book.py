@@ -276,6 +276,10 @@ def test_pipeline_stepper_draws_the_simulated_schedule(tools, name, p, m, v):
     assert max(d[3] for d in drawn) == sim.makespan                    # the whole span is drawn ...
     assert all(d[4] <= d[5] + 1e-6 for d in drawn)                     # ... inside the picture
     assert _value(box, "bubble") == pytest.approx(sim.bubble_fraction, rel=1e-12)
+    # beside idle/compute, the bubble's share of the step: idle / (idle + compute), below 100%
+    share = sim.bubble_fraction / (1 + sim.bubble_fraction)
+    assert _value(box, "bubble_share") == pytest.approx(share, rel=1e-12)
+    assert box.locator('[data-key="bubble_share"]').inner_text() == f"{100 * share:.1f}%"
     assert [_value(box, f"peak{r}") for r in range(p)] == sim.peak_in_flight
     # step back to t = 5: what each rank holds then, counted here from the simulated timeline
     for _ in range(int(sim.makespan) - 5):
@@ -436,6 +440,8 @@ def test_batch_calculator_equals_labkit_calc(tools):
     assert _value(box, "tokens_per_step") == b["tokens_per_step"]
     assert _value(box, "bubble") == pytest.approx(calc.bubble_fraction(4, 32), rel=1e-12)
     assert box.locator('[data-key="bubble"]').inner_text().endswith("%")
+    assert _value(box, "bubble_share") == pytest.approx(calc.pipeline.bubble_share_of_step(4, 32), rel=1e-12)
+    assert "of the step" in box.locator('[data-key="bubble_share"]').evaluate("e => e.closest('li').textContent")
 
 
 def test_batch_calculator_says_what_is_wrong(tools):
@@ -444,6 +450,13 @@ def test_batch_calculator_says_what_is_wrong(tools):
     box = _calc(tools, "batch", {"tensor_model_parallel_size": ""})
     assert '"TP" is empty' in box.locator('[data-key="error"]').inner_text()
     assert "NaN" not in box.inner_text()
+    # "1e" is no number: a number field then reads "", which must not be reported as "is empty"
+    field = box.locator('[name="tensor_model_parallel_size"]')
+    field.fill("")
+    field.press_sequentially("1e")
+    tools.wait_for_function("s => (document.querySelector(s + ' [data-key=error]') || {}).textContent"
+                            "?.includes('must be a number')", arg='.labkit-calc[data-calc="batch"]')
+    assert '"TP" must be a number' in box.locator('[data-key="error"]').inner_text()
     box = _calc(tools, "batch", {"tensor_model_parallel_size": 4})
     assert box.locator('[data-key="error"]').count() == 0
 

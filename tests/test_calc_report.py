@@ -6,6 +6,7 @@ import pytest
 
 import labkit.calc as calc
 from labkit.calc import report
+from labkit.calc.pipeline import bubble_share_of_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,3 +66,22 @@ def test_narayanan_table_is_self_consistent():
         m = calc.model("megatron-" + r["model"].lower())
         assert (m.num_attention_heads, m.hidden_size, m.num_layers) == (
             int(r["num_attention_heads"]), int(r["hidden_size"]), int(r["num_layers"]))
+
+
+@pytest.mark.parametrize("name", ["batch", "memory"])
+def test_bubble_is_shown_beside_its_share_of_the_step(name):
+    # p = 8, m = 1: the bubble is 7x the compute (700%), which reads as nonsense alone; beside it the
+    # share of the step, (p-1)/(m+p-1) = 7/8 (issue 36, defect 7).
+    out = report.calculate(name, {"model": "gpt2-1.5b", "world_size": 8, "tensor_model_parallel_size": 1,
+                                  "pipeline_model_parallel_size": 8, "micro_batch_size": 1,
+                                  "global_batch_size": 1})
+    assert 'data-key="error"' not in out, out
+    assert '<span data-key="bubble">7.0000</span> of the compute time' in out
+    assert f'<span data-key="bubble_share">{7 / 8:.1%}</span> of the step' in out
+    assert bubble_share_of_step(8, 1) == 7 / (1 + 8 - 1)
+
+
+def test_negative_step_time_is_an_error_not_ignored():
+    assert "step_time must be a positive" in report.calculate("memory", {"step_time": -1})
+    assert 'data-key="mfu"' in report.calculate("memory", {"step_time": 10})
+    assert 'data-key="mfu"' not in report.calculate("memory", {"step_time": 0})

@@ -211,6 +211,8 @@ def calculator_memory(v: dict) -> dict:
                         "why": megatron_why(m, par, prec, attention, rows[0]["activations"],
                                             est["activation_bytes"])}}
     step = float(v.get("step_time", 0) or 0)
+    if step < 0:   # a typo, not "no step time": say so rather than drop it
+        raise ValueError(f"step_time must be a positive number of seconds (0 = none), got {step:g}")
     if step > 0:
         out["mfu"] = flops / (step * par.world_size * base.gpu.peak_flops)
     if par.world_size % base.gpus_per_node == 0:

@@ -20,7 +20,7 @@ from .megatron import megatron_estimate
 from .memory import memory_per_stage
 from .params import stage_params
 from .perf import step_time
-from .pipeline import bubble_fraction
+from .pipeline import bubble_fraction, bubble_share_of_step
 from .planner import explain, plan
 from .presets import MODELS, model as preset
 
@@ -65,6 +65,14 @@ def _num(key, value, fmt="{:,}"):
     return f'<span data-key="{key}">{fmt.format(value)}</span>'
 
 
+def _bubble(par: ParallelConfig, b: dict) -> str:
+    """The bubble as idle/compute, (p-1)/(v m), and beside it its share of the step, (p-1)/(v m + p-1):
+    p = 8, m = 1 is 700% of the compute but 87.5% of the step."""
+    args = (par.pp, b["num_microbatches"], b["virtual_pipeline_size"])
+    return (f"{_num('bubble', bubble_fraction(*args), '{:.4f}')} of the compute time, "
+            f"{_num('bubble_share', bubble_share_of_step(*args), '{:.1%}')} of the step")
+
+
 def _error(err) -> str:
     return f'<div class="calc-error" data-key="error">invalid layout: {html.escape(str(err))}</div>'
 
@@ -101,8 +109,7 @@ def batch_html(v: dict) -> str:
             f"{_num('num_microbatches', b['num_microbatches'])}</li>"
             f"<li>tokens per step {_num('tokens_per_step', b['tokens_per_step'])}</li>"
             f"<li>pipeline bubble (p-1)/(v m) "
-            f"{_num('bubble', bubble_fraction(par.pp, b['num_microbatches'], b['virtual_pipeline_size']), '{:.4f}')}"
-            f"</li></ul>{warn}")
+            f"{_bubble(par, b)}</li></ul>{warn}")
 
 
 def memory_bars(rows: list, capacity: float) -> str:
@@ -154,9 +161,11 @@ def memory_html(v: dict) -> str:
                                  b["virtual_pipeline_size"]).values())
     cp_bytes = sum(cp_layer_bytes(s, bmb, m.kv_channels * m.query_groups // par.tp, par.cp, act_bytes).values())
     cp_bytes *= b["num_microbatches"] * (m.num_layers // par.pp)          # ring attention ("p2p")
-    mfu = ""
-    if float(v.get("step_time", 0) or 0) > 0:
-        value = flops / (float(v["step_time"]) * par.world_size * gpu.peak_flops)
+    mfu, step = "", float(v.get("step_time", 0) or 0)
+    if step < 0:   # a typo, not "no step time": say so rather than drop it
+        raise ValueError(f"step_time must be a positive number of seconds (0 = none), got {step:g}")
+    if step > 0:
+        value = flops / (step * par.world_size * gpu.peak_flops)
         mfu = f"<li>MFU at that step time {_num('mfu', value, '{:.4f}')}</li>"
     if par.world_size % base.gpus_per_node == 0:
         t = step_time(m, par, base.with_(nodes=par.world_size // base.gpus_per_node), prec)
@@ -179,8 +188,7 @@ def memory_html(v: dict) -> str:
               f"<li>bytes sent per GPU per step: DP {_num('dp_bytes', dp_bytes, '{:.4e}')}, "
               f"TP {_num('tp_bytes', tp_bytes, '{:.4e}')}, PP (stage 0) {_num('pp_bytes', pp_bytes, '{:.4e}')}, "
               f"CP (ring) {_num('cp_bytes', cp_bytes, '{:.4e}')}</li>"
-              f"<li>bubble {_num('bubble', bubble_fraction(par.pp, b['num_microbatches'], b['virtual_pipeline_size']), '{:.4f}')}"
-              f"</li></ul>")
+              f"<li>bubble {_bubble(par, b)}</li></ul>")
 
 
 def planner_html(v: dict, top: int = 5) -> str:

@@ -33,13 +33,17 @@
   const error = (text) => h("div", { class: "calc-error", dataset: { key: "error" } }, "invalid input — " + text);
   const li = (...c) => h("li", null, ...c);
 
+  // The bubble as idle/compute, (p-1)/(v m), and its share of the step, (p-1)/(v m + p-1) = b/(1+b):
+  // p = 8, m = 1 is 700% of the compute but 87.5% of the step.
+  const bubbleText = (b) => [num("bubble", b, (x) => percent(x, 2)), " of the compute time, ",
+    num("bubble_share", b / (1 + b), (x) => percent(x)), " of the step"];
   const RENDER = {
     batch(a) {
       return [h("ul", null,
         li("data-parallel size ", num("data_parallel_size", a.data_parallel_size, integer)),
         li("microbatches per step (= gradient-accumulation steps) ", num("num_microbatches", a.num_microbatches, integer)),
         li("tokens per step ", num("tokens_per_step", a.tokens_per_step, integer)),
-        li("pipeline bubble (p-1)/(v m) ", num("bubble", a.bubble, (x) => percent(x, 2)))),
+        li("pipeline bubble (p-1)/(v m) ", ...bubbleText(a.bubble))),
         ...a.warnings.map((w) => h("div", { class: "calc-warning" }, w))];
     },
     memory(a, box) {
@@ -70,7 +74,7 @@
                  : li(a.no_step),
           li("bytes each GPU sends per step: DP ", num("dp_bytes", a.comm_bytes.dp, bytes), ", TP ", num("tp_bytes", a.comm_bytes.tp, bytes),
              ", PP (stage 0) ", num("pp_bytes", a.comm_bytes.pp, bytes), ", CP (ring) ", num("cp_bytes", a.comm_bytes.cp, bytes)),
-          li("pipeline bubble ", num("bubble", a.bubble, (x) => percent(x, 2)))),
+          li("pipeline bubble ", ...bubbleText(a.bubble))),
         ...a.warnings.map((w) => h("div", { class: "calc-warning" }, w))];
       return out;
     },
@@ -111,6 +115,8 @@
       else if (kind === "choice") out[el.name] = el.value;
       else {
         const text = el.value.trim();
+        // a number field holding "abc" reads as "" (the browser drops what it cannot parse): say so
+        if (el.validity && el.validity.badInput) return { error: `"${label}" must be a number` };
         if (text === "") return { error: `"${label}" is empty: type a number` };
         const x = Number(text);
         if (!Number.isFinite(x)) return { error: `"${label}" must be a number, got "${text}"` };

@@ -177,7 +177,9 @@
       // stats: the bubble as simulated and as the formula gives it
       const f = formula(state.name, p, state.m, v);
       stats.replaceChildren(
-        h("span", null, "bubble (simulated idle / compute) ", num("bubble", c.bubble, (x) => percent(x))),
+        // idle/compute can exceed 100% (p = 8, m = 1: 700%); its share of the step, b/(1+b), cannot
+        h("span", null, "bubble (simulated idle / compute) ", num("bubble", c.bubble, (x) => percent(x)),
+          ", ", num("bubble_share", c.bubble / (1 + c.bubble), (x) => percent(x)), " of the step"),
         h("span", null, `formula ${f.text} = `, num("bubble_formula", f.value, (x) => percent(x))),
         h("span", null, "iteration ", num("makespan", c.makespan, (x) => fmtT(x)), " forward-times of a stage"));
       // microbatches in flight = activation memory per rank
