@@ -159,6 +159,23 @@ class Outcome:
         self.seconds = 0.0
 
 
+def _start(sandbox: Sandbox, folder: Path, name: str) -> subprocess.Popen:
+    """Start the runner in its sandbox (bwrap: with the seccomp filter on a pipe it reads first)."""
+    prog = seccomp.program() if sandbox.kind == "bwrap" else None
+    rfd = None
+    if prog:
+        rfd, wfd = os.pipe()                  # bwrap reads the filter to its end, before it runs anything
+        os.write(wfd, prog)
+        os.close(wfd)
+    try:
+        return spawn(sandbox.argv(folder, name, rfd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
+                     pass_fds=(rfd,) if prog else (), preexec_fn=sandbox.limits.apply, env=_env(sandbox))
+    finally:
+        if rfd is not None:
+            os.close(rfd)
+
+
 def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: float = 120.0,
             max_output: int = 256 * 2**20, total: float | None = None) -> Outcome:
     """Run the runner on ``job`` in ``folder``; each phase (start, each answer cell, each case) has
@@ -169,19 +186,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     folder.chmod(0o777)                       # the sandbox's user writes here
     before = children()
     t0 = time.monotonic()
-    prog = seccomp.program() if sandbox.kind == "bwrap" else None
-    rfd = None
-    if prog:
-        rfd, wfd = os.pipe()                  # bwrap reads the filter to its end, before it runs anything
-        os.write(wfd, prog)
-        os.close(wfd)
-    try:
-        proc = spawn(sandbox.argv(folder, name, rfd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                     stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True, pass_fds=(rfd,) if prog else (),
-                     preexec_fn=sandbox.limits.apply, env=_env(sandbox))
-    finally:
-        if rfd is not None:
-            os.close(rfd)
+    proc = _start(sandbox, folder, name)
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
     expect, seen = {"cell": 0, "case": 0}, set()
     try:
