@@ -18,7 +18,7 @@ from __future__ import annotations
 from . import describe_mismatch, report, sent
 from .spec import Spec, failed, ranks, run
 from .tp_common import ATOL, OWN_CONJUGATES, RTOL, judge_mlp
-from .compare import far
+from .compare import far, number
 
 TPL = "labkit.tensor_parallel.layers"
 OWN_ATTENTION = OWN_CONJUGATES + (f"{TPL}:ColumnParallelLinear.forward", f"{TPL}:RowParallelLinear.forward",
@@ -214,7 +214,7 @@ def _judge_vocab(data, world_size=2, vocab_size=16, seed=0):
     b_s = expected.numel()
     bound = 8 * b_s * (world_size + 4)        # all-gather of t maxima + 2 ring all-reduces, in bytes
     total = sent(data[0]["counts"])
-    if total > bound:
+    if number(total) is None or total > bound:      # counted in the sandbox: NaN must not pass (nonfinite=True)
         ops = ", ".join(f"{op} {v['bytes']:.0f}" for op, v in sorted(data[0]["counts"].items()))
         return report(title, False, f"right values, but rank 0 sent {total:.0f} bytes ({ops}); three [b, s] "
                       f"collectives send at most {bound}; the logits are {logits.numel() * 8} bytes",
@@ -227,6 +227,7 @@ def _judge_vocab(data, world_size=2, vocab_size=16, seed=0):
 VOCAB_CE = Spec(
     "vocab-parallel-ce", {"loss": "my_vocab_parallel_ce"}, _produce_vocab, _judge_vocab,
     cases=({"world_size": 2}, {"world_size": 4}), forbid=OWN_VOCAB_LOSS, ranks=True,
+    nonfinite=True,     # inf/nan from exp(800) is the mistake this exercise teaches: its judge names it
     why="the vocab-parallel loss is the exercise", hints=(
         "loss = log(sum_j exp(z_j)) - z_label: which of these sums and values does one rank not have?",
         "subtract the maximum logit of each position first (the max over ALL ranks' shards: all-gather the "
