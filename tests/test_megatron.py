@@ -33,6 +33,11 @@ VPP = dict(PP, num_layers_per_virtual_pipeline_stage=1)
 # and in 1 group (g < t: Megatron all-gathers the fused QKV output and keeps its group's slice)
 LLAMA = dict(MODEL, **preset_args("llama3-tiny", num_layers=2))
 SP2 = dict(tensor_model_parallel_size=2, sequence_parallel=True)
+# MoE (Megatron's MoELayer, SequentialMLP experts; no linear biases: rule "moe_bias", a Megatron
+# bug below): 4 experts, top-2, the load-balancing and z losses on, so their gradients are judged
+MOE = dict(MODEL, num_layers=2, add_bias_linear=False, num_experts=4, moe_router_topk=2,
+           moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3)
+EP2 = dict(expert_model_parallel_size=2)
 TWO_RANKS = [
     Layout("TP2", 2, dict(MODEL, tensor_model_parallel_size=2)),
     Layout("TP2+SP", 2, dict(MODEL, **SP2)),
@@ -41,6 +46,13 @@ TWO_RANKS = [
     Layout("PP2 interleaved (v=2), tied", 2, dict(MODEL, **VPP)),
     Layout("Llama TP2+SP, GQA g=t=2", 2, dict(LLAMA, **SP2)),
     Layout("Llama TP2+SP, GQA g=1<t", 2, dict(LLAMA, **SP2, num_query_groups=1)),
+    Layout("MoE EP2, all-gather dispatcher", 2, dict(MOE, **EP2)),
+    Layout("MoE EP2, all-to-all, shared expert, every 2nd layer", 2,
+           dict(MOE, **EP2, moe_token_dispatcher_type="alltoall", moe_layer_freq=2,
+                moe_shared_expert_intermediate_size=48)),
+    Layout("MoE EP2, capacity 1.0 (drop by probs)", 2,
+           dict(MOE, **EP2, moe_token_dispatcher_type="alltoall", moe_expert_capacity_factor=1.0)),
+    Layout("MoE TP2+SP (expert-TP 2)", 2, dict(MOE, **SP2)),
 ]
 
 
@@ -94,6 +106,38 @@ def test_megatron_collectives_run_on_the_layouts_axes(two_ranks):
     assert {("tp", "all_gather"), ("tp", "reduce_scatter")} <= sent("TP2+SP")
     assert sent("DP2 (Megatron DDP)") == {("dp", "all_reduce")}
     assert sent("PP2 1F1B, tied") == {("pp", "send"), ("embd", "all_reduce")}
+    # MoE over ep: the all-gather dispatcher gathers the tokens and reduce-scatters the outputs
+    # back, the all-to-all one exchanges them (on 2 ranks ep and dp are the same two ranks, the
+    # counter names the group "dp"; dense DP2 above sends all-reduces only)
+    ops = lambda name: {op for _, op in sent(name)}                                  # noqa: E731
+    assert {"all_gather", "reduce_scatter"} <= ops("MoE EP2, all-gather dispatcher")
+    assert "all_to_all" in ops("MoE EP2, all-to-all, shared expert, every 2nd layer")
+    assert "all_to_all" not in ops("MoE EP2, all-gather dispatcher")
+
+
+def test_moe_layouts_route_and_drop_tokens_like_one_device(two_ranks):
+    """The MoE rows above are not vacuous: every expert of every MoE layer has a gradient under its
+    global number (an expert-parallel rank reports its own), the dense layer of every-2nd-layer has
+    none, and capacity 1.0 dropped tokens (the run still matched the oracle, which drops the same)."""
+    for name in ("MoE EP2, all-gather dispatcher", "MoE TP2+SP (expert-TP 2)"):
+        grads = two_ranks[name]["megatron"]["grads"]
+        experts = {n.split(".local_experts.")[1].split(".")[0] for n in grads if ".local_experts." in n}
+        assert experts == {"0", "1", "2", "3"}, (name, experts)
+        assert all(float(g.abs().max()) > 0 for n, g in grads.items() if ".local_experts." in n), name
+    freq = two_ranks["MoE EP2, all-to-all, shared expert, every 2nd layer"]["megatron"]["grads"]
+    assert any(n.startswith("decoder.layers.1.mlp.linear_fc1") for n in freq)
+    assert any(n.startswith("decoder.layers.0.mlp.shared_experts.") for n in freq)
+    ref = two_ranks["MoE EP2, capacity 1.0 (drop by probs)"]["reference"]
+    assert any(m["dropped_fraction"] > 0 for m in ref["moe"])
+
+
+def test_moe_tp_sp_pp_dp_ep_with_expert_tp_on_eight_ranks():
+    """MoE composed: TP2+SP x PP2 x DP2 with EP2 carved out of dp and expert-TP 2 (8 ranks), the
+    all-to-all dispatcher, 1F1B over 4 microbatches; the aux and z losses' gradients included."""
+    lay = Layout("MoE TP2+SP x PP2 x DP2 x EP2, expert-TP 2", 8,
+                 dict(MOE, **SP2, **PP, **EP2, moe_token_dispatcher_type="alltoall", global_batch_size=16))
+    r = run_layouts([lay], steps=2)[lay.name]
+    assert_same_training(r["megatron"], r["reference"], lay.name)
 
 
 def test_batched_p2p_with_two_interleaved_stages_swaps_activation_and_gradient():

@@ -9,6 +9,9 @@ and Megatron's optimizer. The weights are labkit's dense model's, cut by ``weigh
     normalization, swiglu, rope, GQA, biases     get_gpt_layer_local_spec + TransformerConfig
     untie_embeddings_and_output_weights          share_embeddings_and_output_weights
     use_distributed_optimizer                    DistributedDataParallelConfig + DistributedOptimizer
+    num_experts, moe_* (router, aux/z loss,      num_moe_experts, moe_* (the same names), the local
+      capacity, shared expert, dispatcher),        spec's MoELayer (SequentialMLP experts) on the
+      expert_model/tensor_parallel_size            layers moe_layer_freq names, dense MLP elsewhere
 """
 from __future__ import annotations
 
@@ -78,7 +81,32 @@ def transformer_config(cfg, dtype, batch_p2p: bool = False):
         # pp = 2 a rank sends its activation and its gradient to the same peer in one batch and
         # the two are matched in the wrong order (tests/test_megatron.py shows it)
         batch_p2p_comm=(v == 1) or batch_p2p, overlap_p2p_comm=(v > 1) and not batch_p2p,
-        batch_p2p_sync=False)
+        batch_p2p_sync=False, **moe_config(cfg, dtype))
+
+
+def moe_config(cfg, dtype) -> dict:
+    """The MoE fields of TransformerConfig (labkit's MoEArgs carry Megatron's names; labkit's
+    ``num_experts`` is Megatron-LM's --num-experts, TransformerConfig's ``num_moe_experts``).
+    The router runs in the run's dtype (``moe_router_dtype`` fp64 in a float64 run, as the oracle);
+    every fused MoE kernel off (they need Transformer Engine or CUDA)."""
+    if cfg.num_experts is None:
+        return {}
+    freq = cfg.moe_layer_freq
+    return dict(
+        num_moe_experts=cfg.num_experts, moe_router_topk=cfg.moe_router_topk,
+        moe_ffn_hidden_size=cfg.moe_ffn_hidden_size, moe_layer_freq=freq if isinstance(freq, int) else list(freq),
+        moe_aux_loss_coeff=cfg.moe_aux_loss_coeff, moe_z_loss_coeff=cfg.moe_z_loss_coeff,
+        moe_router_load_balancing_type=cfg.moe_router_load_balancing_type,
+        moe_router_pre_softmax=cfg.moe_router_pre_softmax,
+        moe_expert_capacity_factor=cfg.moe_expert_capacity_factor,
+        moe_token_drop_policy=cfg.moe_token_drop_policy,
+        moe_pad_expert_input_to_capacity=cfg.moe_pad_expert_input_to_capacity,
+        moe_shared_expert_intermediate_size=cfg.moe_shared_expert_intermediate_size,
+        moe_token_dispatcher_type=cfg.moe_token_dispatcher_type,
+        expert_model_parallel_size=cfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=cfg.expert_tensor_parallel_size,
+        moe_router_dtype="fp64" if dtype == torch.float64 else "fp32",
+        moe_grouped_gemm=False, moe_permute_fusion=False)
 
 
 def block_spec(cfg, tcfg, vp_stage):
@@ -86,17 +114,21 @@ def block_spec(cfg, tcfg, vp_stage):
     norm (a layer spec alone gets transformer_block.py's LayerNormImpl, WrappedTorchNorm)."""
     from megatron.core.transformer.transformer_block import (TransformerBlockSubmodules,
                                                              get_num_layers_to_build)
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
     n = get_num_layers_to_build(tcfg, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(cfg)] * n, layer_norm=SPTorchNorm)
+    first = get_transformer_layer_offset(tcfg, vp_stage=vp_stage)
+    moe = cfg.moe_layers()                # 1 for a MoE layer (moe_layer_freq), by global layer
+    specs = [layer_spec(cfg, moe=bool(moe[first + i])) for i in range(n)]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=SPTorchNorm)
 
 
-def layer_spec(cfg):
+def layer_spec(cfg, moe: bool = False):
     """get_gpt_layer_local_spec with :class:`SPTorchNorm` for every norm (WrappedTorchNorm
     refuses SP). The spec's other modules are Megatron's: ColumnParallelLinear, RowParallelLinear,
-    DotProductAttention, MLP / MoELayer with SequentialMLP."""
+    DotProductAttention, MLP, or (``moe``) MoELayer with SequentialMLP experts."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
-    spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts, moe_grouped_gemm=False,
+    spec = get_gpt_layer_local_spec(num_experts=cfg.num_experts if moe else None, moe_grouped_gemm=False,
                                     normalization=cfg.normalization)
     _swap(spec, WrappedTorchNorm, SPTorchNorm)
     return spec

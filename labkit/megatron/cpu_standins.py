@@ -3,8 +3,9 @@ layer spec) on CPU gloo ranks, installed only inside a rank process of a Megatro
 after it (:func:`cpu_standins`), and never on a machine with CUDA (there Megatron runs as shipped).
 
 Each stand-in names the Megatron site it replaces and why. None changes the arithmetic, except
-the two marked FLOAT64: Megatron computes the cross-entropy and the gradient norm in fp32 by
-design; for a float64 oracle they keep float64 (fp32/bf16 inputs are computed exactly as before).
+the three marked FLOAT64: Megatron computes the cross-entropy, the gradient norm and the MoE
+router's softmax in fp32 by design; for a float64 oracle they keep float64 (fp32/bf16 inputs are
+computed exactly as before).
 
     site (megatron/core/...)                                 why on the CPU
     tensor_parallel/random.py  CudaRNGStatesTracker          torch.cuda.get/set_rng_state: CPU generator
@@ -14,9 +15,21 @@ design; for a float64 oracle they keep float64 (fp32/bf16 inputs are computed ex
     tensor_parallel/cross_entropy.py calculate_logits_max    FLOAT64: .float() would drop to fp32
     optimizer/clip_grads.py get_grad_norm_fp32, clip_...     FLOAT64 L2; device="cuda" buffers,
                                                              'torch.cuda.FloatTensor' type asserts
+    transformer/moe/moe_utils.py softmax(..., dtype=fp32)    FLOAT64: a float64 router's scores stay
+                                                             float64 (top-k probabilities, aux loss)
     Tensor.type() (optimizer/distrib_optimizer.py)           'torch.FloatTensor' on the CPU
     Tensor.cuda() (language_module.py, tied output layer)    the tensor stays on the CPU
     torch.cuda.Stream / Event (moe/token_dispatcher.py)      inert: one stream on the CPU
+    transformer/moe/token_dispatcher.py                      split sizes as numpy on the CPU too: the
+      maybe_move_tensor_to_cpu(as_numpy=True)                  CUDA path's host copy; a CPU tensor is
+                                                             left a tensor, which all_to_all refuses
+    tensor_parallel/mappings.py torch.distributed.all_gather gloo refuses uneven pieces (the all-to-all
+      / reduce_scatter with split sizes                      dispatcher's expert-TP gather of tokens
+                                                             per rank): one broadcast / reduce per
+                                                             rank instead, the same values
+    transformer/moe/moe_utils.py te_general_gemm             undefined without Transformer Engine
+                                                             (its import sits in a try): None, what
+                                                             the router's "is not None" test means
 """
 from __future__ import annotations
 
@@ -76,6 +89,8 @@ class _CPUTorch:
 
     def __getattr__(self, name):
         fn = getattr(torch, name)
+        if name == "softmax":
+            return _softmax
         if name not in self.FACTORIES:
             return fn
 
@@ -84,6 +99,64 @@ class _CPUTorch:
                 kwargs["device"] = "cpu"
             return fn(*args, **kwargs)
         return on_cpu
+
+
+class _UnevenDistributed:
+    """``torch.distributed`` as tensor_parallel/mappings.py sees it: its list all-gather and
+    reduce-scatter with uneven pieces (``output_split_sizes``, ``input_split_sizes``: NCCL takes
+    them, gloo refuses "invalid tensor size") done as one broadcast (one reduce) per rank of the
+    group, the same values; even pieces and every other name are torch.distributed's own. The
+    byte counter then sees broadcasts and reduces for these two calls."""
+
+    def __getattr__(self, name):
+        return getattr(dist, name)
+
+    @staticmethod
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        if all(t.shape == tensor.shape for t in tensor_list):
+            return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        me = dist.get_rank(group)
+        for i, out in enumerate(tensor_list):       # rows of one buffer split on dim 0: contiguous
+            if i == me:
+                out.copy_(tensor)
+            dist.broadcast(out, src=dist.get_global_rank(group, i), group=group)
+        return None
+
+    @staticmethod
+    def reduce_scatter(output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if all(t.shape == output.shape for t in input_list):
+            return dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
+        me = dist.get_rank(group)
+        for i, piece in enumerate(input_list):
+            buf = piece.contiguous().clone()
+            dist.reduce(buf, dst=dist.get_global_rank(group, i), op=op, group=group)
+            if i == me:
+                output.copy_(buf)
+        return None
+
+
+class _MappingsTorch:
+    """The ``torch`` of tensor_parallel/mappings.py: torch's own, but :class:`_UnevenDistributed`
+    as its ``distributed``."""
+
+    distributed = _UnevenDistributed()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """moe_utils.py ``maybe_move_tensor_to_cpu``: what the CUDA path hands back (numpy when
+    ``as_numpy``), for a tensor already on the CPU."""
+    if torch.is_tensor(tensor) and as_numpy:
+        return tensor.numpy()
+    return tensor
+
+
+def _softmax(x, *args, dtype=None, **kwargs):
+    """``torch.softmax(x, dim, dtype=torch.float32)`` (moe_utils.py: the router's scores): FLOAT64
+    input stays float64; any other input as Megatron asks."""
+    return torch.softmax(x, *args, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
 
 
 # modules with device="cuda" factories on the paths a CPU run takes (megatron/core/...)
@@ -151,7 +224,8 @@ _ORIGINAL_TYPE = torch.Tensor.type
 
 class _InertStream:
     """torch.cuda.Stream / Event on the CPU (moe/token_dispatcher.py's device-to-host stream):
-    one stream, so every wait, record and synchronize is already satisfied."""
+    one stream, so every wait, record and synchronize is already satisfied (``record_event``
+    hands back another inert one, which the all-to-all dispatcher synchronizes later)."""
 
     def __init__(self, *args, **kwargs):
         pass
@@ -163,7 +237,7 @@ class _InertStream:
         return False
 
     def __getattr__(self, name):
-        return lambda *a, **k: None
+        return lambda *a, **k: _InertStream()
 
 
 def _replacements() -> list:
@@ -171,7 +245,8 @@ def _replacements() -> list:
     import importlib
 
     from megatron.core.optimizer import optimizer as mopt
-    from megatron.core.tensor_parallel import cross_entropy, random
+    from megatron.core.tensor_parallel import cross_entropy, mappings, random
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
     cpu_torch = _CPUTorch()
     factories = [(importlib.import_module(f"megatron.core.{m}"), "torch", cpu_torch)
                  for m in _CUDA_FACTORY_MODULES]
@@ -189,6 +264,9 @@ def _replacements() -> list:
         (mopt, "get_grad_norm_fp32", _grad_norm),
         (mopt, "clip_grad_by_total_norm_fp32", _clip),
         (torch.Tensor, "type", _tensor_type),
+        (token_dispatcher, "maybe_move_tensor_to_cpu", _to_host),
+        (mappings, "torch", _MappingsTorch()),
+        (moe_utils, "te_general_gemm", getattr(moe_utils, "te_general_gemm", None)),
         # models/common/language_module/language_module.py setup_embeddings_and_output_layer:
         # ``weight.data = weight.data.cuda()`` (the tied output layer of the last stage): stays
         (torch.Tensor, "cuda", lambda self, *a, **k: self),

@@ -35,7 +35,13 @@ RULES = {
     "gqa_tp": "num_query_groups neither a multiple nor a divisor of tensor_model_parallel_size: "
               "Megatron-Core's TransformerConfig refuses it (with g < t it all-gathers the fused "
               "QKV output and keeps its group's slice: transformer/attention.py)",
-    "moe": "num_experts: MoE through Megatron-Core is not wired in labkit.megatron yet",
+    "moe_bias": "num_experts with add_bias_linear, expert_model_parallel_size 1 and expert tensor "
+                "parallel size 1: Megatron-Core 0.16.1's MLP adds the expert's fc2 bias in place "
+                "to a view autograd refuses to modify (a Megatron-Core bug; tests/test_megatron.py "
+                "keeps its reproducer); set add_bias_linear=False",
+    "moe_drop": "moe_token_drop_policy 'position': labkit keeps the first tokens in [s, b] order, "
+                "Megatron takes top-k of the 0/1 routing map (its tie order is the kernel's): the "
+                "two drop different tokens by design; use 'probs'",
     "distopt_dtype": "use_distributed_optimizer with float64: Megatron's distributed optimizer "
                      "copies each shard's gradient to its main parameter with .float() "
                      "(optimizer/distrib_optimizer.py _copy_model_grads_to_main_grads), which torch "
@@ -72,8 +78,11 @@ def refusals(cfg, world_size: int) -> list[tuple[str, str]]:
         rules.append("dropout")
     if topo.tp > 1 and cfg.query_groups % topo.tp and topo.tp % cfg.query_groups:
         rules.append("gqa_tp")
-    if cfg.num_experts is not None:
-        rules.append("moe")
+    if cfg.num_experts is not None and cfg.add_bias_linear and topo.ep == 1 and topo.etp == 1:
+        rules.append("moe_bias")
+    if cfg.num_experts is not None and cfg.moe_expert_capacity_factor is not None \
+            and cfg.moe_token_drop_policy == "position":
+        rules.append("moe_drop")
     if cfg.use_distributed_optimizer and cfg.params_dtype == "float64":
         rules.append("distopt_dtype")
     return [(r, RULES[r]) for r in rules]

@@ -13,7 +13,12 @@ number is ``layer.layer_number - 1``) and the cut of a tensor-parallel parameter
       output layer, qkv/fc1 biases)
     linear_proj, linear_fc2  [h, N/t]             columns r*N/t .. (r+1)*N/t (``partition_dim`` 1)
     norms, position table, row-parallel biases    the whole tensor (replicated over TP)
-(MoE is refused for now, options.py rule "moe": its experts' map is not written.)
+    experts (MoE layers: mlp.experts.local_experts.i)
+      number i of ep rank e                       expert e * E/ep + i of the dense model
+      linear_fc1 / linear_fc2                     cut as above over the EXPERT tensor-parallel
+                                                  group (expert_tensor_parallel_size), not TP's
+    router weight [E, h]                          the whole tensor (Megatron tags it
+                                                  sequence_parallel under SP: summed over TP)
 
 The gradients come back the same way: each TP-cut gradient is all-gathered over its TP group (a
 bookkeeping gather outside the counted step), put in the dense order, and reported by the ranks
@@ -28,24 +33,38 @@ import torch
 import torch.distributed as dist
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
+
+
+def is_expert(name: str) -> bool:
+    """A routed expert's parameter (not the router, not a shared expert)?"""
+    return _EXPERT.search(name) is not None
 
 
 def dense_name(chunk, name: str) -> str:
-    """The dense model's name of Megatron parameter ``name`` of ``chunk`` (a GPTModel)."""
+    """The dense model's name of Megatron parameter ``name`` of ``chunk`` (a GPTModel): the global
+    layer number, and a local expert's global number (expert-parallel rank x experts per rank)."""
+    from megatron.core import parallel_state as ps
     name = name.removeprefix("module.")
     m = _LAYER.match(name)
     if m:
         layer = chunk.decoder.layers[int(m.group(1))]
         name = f"decoder.layers.{layer.layer_number - 1}." + name[m.end():]
+    e = _EXPERT.search(name)
+    if e:
+        per_rank = chunk.config.num_moe_experts // ps.get_expert_model_parallel_world_size()
+        index = ps.get_expert_model_parallel_rank() * per_rank + int(e.group(1))
+        name = f"{name[:e.start()]}.mlp.experts.local_experts.{index}.{name[e.end():]}"
     return name
 
 
-def _tp(param):
-    """(group, rank, size) of the tensor-parallel cut of ``param``, or None if replicated."""
+def _tp(param, name: str = ""):
+    """(group, rank, size) of the tensor-parallel cut of ``param``, or None if replicated; an
+    expert's cut is over the expert tensor-parallel group."""
     from megatron.core import parallel_state as ps
     if not getattr(param, "tensor_model_parallel", False):
         return None
-    g = ps.get_tensor_model_parallel_group()
+    g = ps.get_expert_tensor_parallel_group() if is_expert(name) else ps.get_tensor_model_parallel_group()
     size = dist.get_world_size(g)
     return (g, dist.get_rank(g), size) if size > 1 else None
 
@@ -56,7 +75,7 @@ def _is_gated_fc1(param, name: str, chunk) -> bool:
 
 def cut(dense: torch.Tensor, param, name: str, chunk) -> torch.Tensor:
     """This rank's piece of the dense tensor ``dense`` for Megatron parameter ``param``."""
-    tp = _tp(param)
+    tp = _tp(param, name)
     if tp is None:
         return dense
     _, r, t = tp
@@ -68,7 +87,7 @@ def cut(dense: torch.Tensor, param, name: str, chunk) -> torch.Tensor:
 
 def uncut(local: torch.Tensor, param, name: str, chunk) -> torch.Tensor:
     """The dense tensor from every TP rank's ``local`` piece (an all-gather over the TP group)."""
-    tp = _tp(param)
+    tp = _tp(param, name)
     if tp is None:
         return local
     g, _, t = tp
@@ -106,12 +125,15 @@ def load(chunks, dense_model) -> None:
 
 
 def _reports(param, chunk, name: str) -> bool:
-    """Does this rank report ``param``'s gradient (coordinate 0 of every axis holding a copy)?"""
+    """Does this rank report ``param``'s gradient (coordinate 0 of every axis holding a copy)? An
+    expert's copies are over the expert data-parallel group; each expert-parallel rank reports its
+    own experts."""
     from megatron.core import parallel_state as ps
-    dp, tp = ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_rank()
     if name.endswith("output_layer.weight") and chunk.share_embeddings_and_output_weights:
         return False                                        # a copy of the word embeddings (summed)
-    return dp == 0 and tp == 0
+    if is_expert(name):
+        return ps.get_expert_data_parallel_rank() == 0 and ps.get_expert_tensor_parallel_rank() == 0
+    return ps.get_data_parallel_rank() == 0 and ps.get_tensor_model_parallel_rank() == 0
 
 
 def dense_grads(chunks) -> list:
