@@ -7,9 +7,13 @@ fuzzer's axes draw, with Megatron's names, and the world size:
      "pipeline_model_parallel_size": 1, "sequence_parallel": True}          (dp = 8 / (2 x 2 x 1))
 
 It is valid for a model ``shape`` = {"world_size", "num_layers", "num_attention_heads", "seq_length"}
-when (the rule book's rules for these axes, :func:`why_invalid`): tp x cp x pp divides the world size;
-tp divides the heads; pp divides the layers; 2 cp divides the sequence (context parallelism's
-load-balanced halves); sequence parallelism only with tp > 1.
+when (:func:`why_invalid`): tp x cp x pp divides the world size; tp divides the heads; pp divides the
+layers; 2 cp divides the sequence (context parallelism's load-balanced halves); with sequence
+parallelism, tp divides the s / cp positions of a CP rank: labkit's rule book
+(``labkit.fuzz.refusal``) decides these the same way (tests/test_check_fuzzing.py compares them on
+every layout of the cases' shapes). One rule is the lab's own: sequence parallelism only with tp > 1
+(the rule book accepts SP at tp = 1, where it does nothing; the lab refuses it so that one layout
+has one name).
 
 ``valid-layouts``: ``draw_layout(rng, shape) -> layout``, a sampler that draws only valid layouts and
 can draw every one. ``produce`` calls it ``draws`` times with one ``random.Random(seed)``; ``judge``
@@ -63,6 +67,8 @@ def why_invalid(layout: dict, shape: dict) -> str | None:
         return f"2 cp = {2 * c} does not divide the sequence length {shape['seq_length']}"
     if layout[SP] and t == 1:
         return "sequence parallelism without tensor parallelism (tp = 1)"
+    if layout[SP] and (shape["seq_length"] // c) % t:
+        return f"with sequence parallelism, tp = {t} does not divide the {shape['seq_length'] // c} positions of a CP rank"
     return None
 
 
