@@ -136,7 +136,7 @@ def test_memory_files_and_open_files_capped_honest_full(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", *map(str, subs), "--master",
                            str(master), "--out", str(tmp_path / "grades"), "--json", "--timeout", "60",
-                           "--memory-total-gib", "3", "--max-files", "1000"],
+                           "--max-files", "1000"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     rows = {Path(r["submission"]).stem: r for r in map(json.loads, proc.stdout.splitlines())}
     assert set(rows) == {"honest", "hog", "files", "fds"}, proc.stderr[-3000:]

@@ -15,9 +15,9 @@ def _sandbox_args(p) -> None:
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="allow --sandbox none: submissions then run as you, and can read and write your files")
     p.add_argument("--memory-gib", type=float, default=6.0, help="address-space limit per process (default 6)")
-    p.add_argument("--memory-total-gib", type=float, default=8.0,
+    p.add_argument("--memory-total-gib", type=float, default=3.0,
                    help="memory of one run of a submission, all its processes and files together, where the "
-                        "grader can make a cgroup (cgroup v1, as root; default 8; 0: none)")
+                        "grader can make a cgroup (cgroup v1, as root; default 3; 0: none)")
     p.add_argument("--max-files", type=int, default=4096,
                    help="files in each of the sandbox's /grade, /tmp, /dev/shm (bwrap as root; default 4096)")
     p.add_argument("--cpu-seconds", type=int, default=900, help="CPU-time limit per process (default 900)")

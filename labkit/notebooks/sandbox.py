@@ -54,7 +54,8 @@ class Limits:
     open_files: int = 1024                 # RLIMIT_NOFILE
     disk_bytes: int = 256 * 2**20          # bwrap: each of /grade, /tmp, /dev/shm is a tmpfs of this size
     files: int = 4096                      # bwrap as root: inodes of each of those tmpfs (caps.private_tmpfs)
-    total_memory_bytes: int = 8 * 2**30    # one run, all processes and tmpfs pages (caps.MemoryCap; 0: none)
+    total_memory_bytes: int = 3 * 2**30    # one run, all processes and tmpfs pages (caps.MemoryCap; 0: none);
+                                           # the masters' largest run peaks at 788 MiB (fsdp-tp-mesh)
 
     def apply(self) -> None:
         """Set them in this process (a child, before exec); inherited by everything it starts."""
