@@ -263,7 +263,7 @@ def test_cli_gradebook_ids_canvas_and_json(master, tmp_path):
     for r in lines:
         assert list(r)[:5] == ["student_id", "sha256", "submitted_at", "graded_at", "submission"]
         assert [list(x) for x in r["exercises"]] == [["id", "status", "points", "max_points", "message",
-                                                      "checked", "cases"]] * 3
+                                                      "checked", "cases", "peak_mib"]] * 3
     assert [(r["student_id"], r["points"]) for r in lines] == [("alice", 0), ("bob", 4)]
     rows = list(csv.reader(open(tmp_path / "grades" / "hw1.csv")))
     assert rows[0] == ["student_id", "submission", "submitted_at", "graded_at", "double", "mean", "shout",

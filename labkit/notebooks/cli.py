@@ -15,6 +15,11 @@ def _sandbox_args(p) -> None:
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="allow --sandbox none: submissions then run as you, and can read and write your files")
     p.add_argument("--memory-gib", type=float, default=6.0, help="address-space limit per process (default 6)")
+    p.add_argument("--memory-total-gib", type=float, default=3.0,
+                   help="memory of one run of a submission, all its processes and files together, where the "
+                        "grader can make a cgroup (cgroup v1, as root; default 3; 0: none)")
+    p.add_argument("--max-files", type=int, default=4096,
+                   help="files in each of the sandbox's /grade, /tmp, /dev/shm (bwrap as root; default 4096)")
     p.add_argument("--cpu-seconds", type=int, default=900, help="CPU-time limit per process (default 900)")
     p.add_argument("--total-seconds", type=float, help="seconds for a whole submission, all its runs "
                    "(default 20 x --timeout)")
@@ -104,7 +109,8 @@ def options(args):
                       "--unsafe-no-sandbox to do it anyway (book/instructors.md, 'Threat model')")
     try:
         box = Sandbox(args.sandbox, image=args.image, limits=Limits(
-            cpu_seconds=args.cpu_seconds, memory_bytes=int(args.memory_gib * 2**30)))
+            cpu_seconds=args.cpu_seconds, memory_bytes=int(args.memory_gib * 2**30),
+            total_memory_bytes=int(args.memory_total_gib * 2**30), files=args.max_files))
     except ValueError as e:
         return None, str(e)
     why = box.available()

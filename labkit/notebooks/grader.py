@@ -23,8 +23,6 @@ reported with ``"checked": "in-process"``: a submission can tamper with that one
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import shutil
 import tempfile
 import time
@@ -49,29 +47,32 @@ class Options:
     keep: bool = False                    # keep them (to debug a grading problem)
     check_master: bool = True             # grade the master first, refuse unless full marks (preflight)
     total: float | None = None            # seconds for a whole submission, every run (default 20 x timeout)
+    judge: object = None                  # a judge.Judge (default: the process-wide one, judge.default())
     _deadline: float = field(default=float("inf"), repr=False)    # set by grade_one
 
     def budget(self) -> float:
         return self.total if self.total is not None else 20 * self.timeout
 
 
-def _case_result(spec, case: dict, hidden: bool, event) -> dict:
-    """One case's verdict. A hidden case's message says only pass or fail: what the check said (it
-    can echo the answer, which can hold the case's parameters) is its ``detail``, shown to students
-    only once grades are published (Gradescope's ``after_published``)."""
-    from labkit.check import wire
+def _case_result(spec, case: dict, hidden: bool, event, judge=None) -> dict:
+    """One case's verdict, judged in the judge's worker under its limits (``judge.Judge``). A hidden
+    case's message says only pass or fail: what the check said (it can echo the answer, which can
+    hold the case's parameters) is its ``detail``, shown to students only once grades are published
+    (Gradescope's ``after_published``)."""
+    from .judge import JudgeError, JudgeFailure, default
     name = "hidden case" if hidden else "case"
     if event is None:
         r = {"name": name, "passed": False, "message": "did not run"}
     else:
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                v = spec.verdict(wire.decode(event["data"]), **case)
-            r = {"name": v.name, "passed": v.passed,
-                 "message": v.message + (f"\nhint: {v.hint}" if v.hint and not v.passed else "")}
+            v = (judge or default()).verdict(spec, event["data"], case)
+            r = {"name": v["name"], "passed": v["passed"] is True,
+                 "message": v["message"] + (f"\nhint: {v['hint']}" if v["hint"] and v["passed"] is not True else "")}
+        except JudgeFailure as e:
+            r = {"name": name, "passed": False, "message": f"the check could not judge what your code produced: {e}"}
         except Exception as e:  # noqa: BLE001 - malformed data from the sandbox, or a judge bug
-            r = {"name": name, "passed": False, "message": "the check could not read what your code produced "
-                                                          f"({type(e).__name__}: {str(e)[:200]})"}
+            why = str(e)[:250] if isinstance(e, JudgeError) else f"{type(e).__name__}: {str(e)[:200]}"
+            r = {"name": name, "passed": False, "message": f"the check could not read what your code produced ({why})"}
     if not hidden:
         return {**r, "hidden": False}
     return {"name": "hidden case", "hidden": True, "passed": r["passed"], "message": "passes" if r["passed"] else
@@ -90,6 +91,8 @@ def _notes(outcome, timeout: float, earlier=frozenset()) -> list[str]:
     elif outcome.state == "died":
         notes.append(f"the process running your code died ({outcome.detail}: killed, out of memory or "
                      "CPU time, or os._exit)")
+    elif outcome.state == "memory":
+        notes.append(f"memory limit: your code used {outcome.detail}")
     elif outcome.state == "protocol":
         notes.append(f"the process running your code broke the grader's protocol ({outcome.detail})")
     return notes
@@ -104,7 +107,7 @@ def _score(ex: Exercise, cases: list, notes: list, outcome, checked: str) -> dic
         status = "partial"
     elif outcome.state == "timeout":
         status = "timeout"
-    elif outcome.state in ("died", "protocol") or not cases:
+    elif outcome.state in ("died", "protocol", "memory") or not cases:
         status = "error"
     else:
         status = "fail"
@@ -166,11 +169,12 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
     if spec is None:
         outcome = run_job(opts.sandbox, folder, {**payload, "check_cell": ex.check_source}, opts.timeout,
                           total=_left(opts))
-        return _legacy(ex, outcome, opts.timeout, earlier), _stuck_cell(outcome)
+        return {**_legacy(ex, outcome, opts.timeout, earlier), "peak_mib": round(outcome.peak_bytes / 2**20)}, \
+            _stuck_cell(outcome)
     cases = [(dict(c), False) for c in spec.cases]
     outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout,
                       total=_left(opts))
-    stuck, hidden = _stuck_cell(outcome), []
+    stuck, hidden, peak = _stuck_cell(outcome), [], outcome.peak_bytes
     for k, case in enumerate(opts.hidden.get(ex.id, [])):   # each hidden case alone in its own run:
         run = None                                           # no other case's parameters to find there
         if not stuck and _left(opts) > 0:
@@ -179,8 +183,10 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
             shutil.copyfile(notebook, where / "submission.ipynb")
             run = run_job(opts.sandbox, where, {**payload, "cases": [dict(case)]}, opts.timeout, total=_left(opts))
         event = next((e for e in run.events if e["event"] == "data"), None) if run else None
-        hidden.append(_case_result(spec, dict(case), True, event))
-    return judge_outcome(ex, spec, cases, outcome, opts.timeout, skipped, earlier, hidden), stuck
+        hidden.append(_case_result(spec, dict(case), True, event, opts.judge))
+        peak = max(peak, run.peak_bytes if run else 0)
+    result = judge_outcome(ex, spec, cases, outcome, opts.timeout, skipped, earlier, hidden, opts.judge)
+    return {**result, "peak_mib": round(peak / 2**20)}, stuck
 
 
 def _left(opts: Options) -> float:
@@ -189,11 +195,11 @@ def _left(opts: Options) -> float:
 
 
 def judge_outcome(ex: Exercise, spec, cases: list, outcome, timeout: float, skipped=(), earlier=frozenset(),
-                  more=()) -> dict:
+                  more=(), judge=None) -> dict:
     """The exercise's result from what its run sent (``outcome.events``, parsed by ``events.parse``)
     and ``more`` cases judged from runs of their own (the hidden ones)."""
     data = {e["index"]: e for e in outcome.events if e["event"] == "data"}
-    judged = [_case_result(spec, case, hidden, data.get(k)) for k, (case, hidden) in enumerate(cases)]
+    judged = [_case_result(spec, case, hidden, data.get(k), judge) for k, (case, hidden) in enumerate(cases)]
     return _score(ex, [*judged, *more], [*skipped, *_notes(outcome, timeout, earlier)], outcome, "isolated")
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import events, seccomp
+from .caps import MOUNTS, MemoryCap, inode_cap_why, private_tmpfs
 from .children import LIVE, children, reap, run, spawn
 
 KINDS = ("bwrap", "docker", "none")
@@ -52,6 +53,9 @@ class Limits:
     processes: int = 256                   # RLIMIT_NPROC, for the sandbox's user (not enforced for root)
     open_files: int = 1024                 # RLIMIT_NOFILE
     disk_bytes: int = 256 * 2**20          # bwrap: each of /grade, /tmp, /dev/shm is a tmpfs of this size
+    files: int = 4096                      # bwrap as root: inodes of each of those tmpfs (caps.private_tmpfs)
+    total_memory_bytes: int = 3 * 2**30    # one run, all processes and tmpfs pages (caps.MemoryCap; 0: none);
+                                           # the masters' largest run peaks at 788 MiB (fsdp-tp-mesh)
 
     def apply(self) -> None:
         """Set them in this process (a child, before exec); inherited by everything it starts."""
@@ -93,29 +97,27 @@ class Sandbox:
                                capture_output=True, text=True, timeout=30)
         return "" if probe.returncode == 0 else f"bwrap cannot run here: {probe.stderr.strip()[:200]}"
 
-    def argv(self, folder: Path, name: str, seccomp_fd: int | None = None) -> list[str]:
+    def argv(self, folder: Path, name: str, seccomp_fd: int | None = None, private: bool = False) -> list[str]:
         """The command that runs the runner for one exercise in ``folder`` (bwrap: with the seccomp
-        filter read from ``seccomp_fd``, see :mod:`labkit.notebooks.seccomp`)."""
+        filter read from ``seccomp_fd``, see :mod:`labkit.notebooks.seccomp`; ``private``: its
+        writable places are the inode-capped tmpfs mounts the child made, ``caps.private_tmpfs``)."""
         drop = ["--drop-to", "65534:65534"] if os.geteuid() == 0 else []
         if self.kind == "none":
             return [sys.executable, *RUNNER]
         if self.kind == "docker":
-            return ["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only",
-                    "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                    "--pids-limit", str(self.limits.processes), "--memory", str(self.limits.memory_bytes),
-                    "--user", "65534:65534", "-e", "HOME=/grade", "-e", "LABKIT_BACKEND=gloo",
-                    "-e", f"PYTHONPATH={INSIDE}",
-                    "-v", f"{folder}:/grade", "-w", "/grade",
-                    "-v", f"{self.labkit_root / 'labkit'}:{INSIDE}/labkit:ro",
-                    "-v", f"{self.labkit_root / 'data'}:{INSIDE}/data:ro",
-                    self.image, "python", *RUNNER]
+            return self._docker(folder, name)
         # the environment's own interpreter (a venv's bin/python), never its realpath: in a venv that
         # is the base interpreter, which does not see the venv's packages (torch missing, master 0/6)
         python, size = os.path.abspath(sys.executable), str(self.limits.disk_bytes)
+
+        def writable(where: str, perms: str, mount: str) -> list[str]:
+            if private:                     # a tmpfs of capped bytes and files, mounted by the child
+                return ["--bind", str(folder / ".mnt" / mount), where]
+            return ["--perms", perms, "--size", size, "--tmpfs", where]
         args = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                 "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-                "--hostname", "labkit-sandbox", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs",
-                "/dev/shm", "--proc", "/proc", "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+                "--hostname", "labkit-sandbox", "--dev", "/dev", *writable("/dev/shm", "1777", "shm"),
+                "--proc", "/proc", *writable("/tmp", "1777", "tmp")]
         args += ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
         for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"):
             args += ["--ro-bind-try", d, d]
@@ -131,13 +133,34 @@ class Sandbox:
         args += _dirs(Path(INSIDE), made)
         args += ["--ro-bind", str(self.labkit_root / "labkit"), f"{INSIDE}/labkit",
                  "--ro-bind-try", str(self.labkit_root / "data"), f"{INSIDE}/data",
-                 "--perms", "0777", "--size", size, "--tmpfs", "/grade",      # bytes written: capped, in memory
+                 *writable("/grade", "0777", "grade"),                            # bytes written: capped, in memory
                  "--ro-bind", str(folder / "submission.ipynb"), "/grade/submission.ipynb", "--chdir", "/grade"]
         for k, v in (("HOME", "/grade"), ("PATH", "/usr/bin:/bin"), ("LABKIT_BACKEND", "gloo"),
                      ("TMPDIR", "/tmp"), ("MPLBACKEND", "Agg"), ("PYTHONDONTWRITEBYTECODE", "1"),
                      ("PYTHONPATH", INSIDE)):
             args += ["--setenv", k, v]
         return args + [python, *RUNNER] + drop
+
+    def _docker(self, folder: Path, name: str) -> list[str]:
+        """The docker command: the same limits as bwrap's where docker has them (tmpfs sizes and
+        files, one memory cap for the container, no swap, rlimits); docker's default seccomp
+        profile stays on (it refuses namespaces, mount, keyctl, bpf; see book/instructors.md)."""
+        lim, size = self.limits, self.limits.disk_bytes
+        tmpfs = f"rw,nosuid,nodev,size={size},nr_inodes={lim.files},mode=1777"
+        mem = str(lim.total_memory_bytes or lim.memory_bytes)
+        return ["docker", "run", "--rm", "-i", "--name", name, "--network", "none", "--read-only",
+                "--tmpfs", f"/tmp:{tmpfs}", "--tmpfs", f"/grade:{tmpfs}", "--shm-size", str(size),
+                "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+                "--pids-limit", str(lim.processes), "--memory", mem, "--memory-swap", mem,
+                "--ulimit", f"nofile={lim.open_files}:{lim.open_files}",
+                "--ulimit", f"fsize={lim.file_bytes}:{lim.file_bytes}", "--ulimit", "core=0:0",
+                "--ulimit", f"cpu={lim.cpu_seconds}:{lim.cpu_seconds}",
+                "--user", "65534:65534", "-e", "HOME=/grade", "-e", "LABKIT_BACKEND=gloo",
+                "-e", f"PYTHONPATH={INSIDE}", "-w", "/grade",
+                "-v", f"{folder / 'submission.ipynb'}:/grade/submission.ipynb:ro",
+                "-v", f"{self.labkit_root / 'labkit'}:{INSIDE}/labkit:ro",
+                "-v", f"{self.labkit_root / 'data'}:{INSIDE}/data:ro",
+                self.image, "python", *RUNNER]
 
 
 def _dirs(path: Path, made: set) -> list[str]:
@@ -154,23 +177,36 @@ def _dirs(path: Path, made: set) -> list[str]:
 class Outcome:
     def __init__(self):
         self.events: list[dict] = []
-        self.state = "ok"            # ok | timeout | died | protocol
+        self.state = "ok"            # ok | timeout | died | protocol | memory
         self.detail = ""             # which phase timed out, how it died
         self.seconds = 0.0
+        self.peak_bytes = 0          # the run's memory peak, all processes (0: no cgroup to measure it)
 
 
-def _start(sandbox: Sandbox, folder: Path, name: str) -> subprocess.Popen:
-    """Start the runner in its sandbox (bwrap: with the seccomp filter on a pipe it reads first)."""
+def _start(sandbox: Sandbox, folder: Path, name: str, cap: MemoryCap) -> subprocess.Popen:
+    """Start the runner in its sandbox (bwrap: with the seccomp filter on a pipe it reads first; as
+    root, in tmpfs mounts of capped files; in ``cap``'s cgroup where one was made)."""
     prog = seccomp.program() if sandbox.kind == "bwrap" else None
+    private = sandbox.kind == "bwrap" and sandbox.limits.files > 0 and not inode_cap_why()
+    points = [folder / ".mnt" / m for m in MOUNTS] if private else []
+    for p in points:
+        p.mkdir(parents=True, exist_ok=True)
+    lim = sandbox.limits
+
+    def child() -> None:                       # after fork, before exec: the grader's threads are gone here
+        cap.enter()
+        if points:
+            private_tmpfs(points, lim.disk_bytes, lim.files)
+        lim.apply()
     rfd = None
     if prog:
         rfd, wfd = os.pipe()                  # bwrap reads the filter to its end, before it runs anything
         os.write(wfd, prog)
         os.close(wfd)
     try:
-        return spawn(sandbox.argv(folder, name, rfd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        return spawn(sandbox.argv(folder, name, rfd, private), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                      stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
-                     pass_fds=(rfd,) if prog else (), preexec_fn=sandbox.limits.apply, env=_env(sandbox))
+                     pass_fds=(rfd,) if prog else (), preexec_fn=child, env=_env(sandbox))
     finally:
         if rfd is not None:
             os.close(rfd)
@@ -186,7 +222,13 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     folder.chmod(0o777)                       # the sandbox's user writes here
     before = children()
     t0 = time.monotonic()
-    proc = _start(sandbox, folder, name)
+    cap = MemoryCap(sandbox.limits.total_memory_bytes if sandbox.kind != "docker" else 0)
+    cap.make()
+    try:
+        proc = _start(sandbox, folder, name, cap)
+    except BaseException:
+        cap.remove()
+        raise
     n_cells, n_cases = len(job.get("answers", [])), len(job.get("cases", []))
     expect, seen = {"cell": 0, "case": 0}, set()
     try:
@@ -247,7 +289,13 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
         LIVE.discard(proc.pid)
         reap(before)
         out.seconds = time.monotonic() - t0
-    if out.state == "ok" and not (out.events and out.events[-1]["event"] == "done"):
+        kills, out.peak_bytes = cap.oom_kills(), cap.peak()
+        cap.remove()
+    if kills:                                  # whatever else it looked like: the kernel killed a process of it
+        out.state = "memory"
+        out.detail = (f"more than {cap.limit / 2**30:.3g} GiB for all its processes and files together; "
+                      f"{kills} process(es) killed")
+    elif out.state == "ok" and not (out.events and out.events[-1]["event"] == "done"):
         code = proc.returncode
         out.state = "died"
         out.detail = (f"signal {-code}" if code is not None and code < 0 else f"exit code {code}")
