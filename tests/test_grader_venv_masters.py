@@ -7,7 +7,10 @@ From that venv, with a relative working folder, each master in ``solutions/`` is
 grader's preflight grades it (``grade_one`` of the master against itself, hidden cases included,
 in bubblewrap with the default limits and per-run memory cap), and must get full marks. Each
 exercise's memory peak (all processes of its runs, where a cgroup measures it) is printed.
-Slow (every lab's every exercise in a sandbox): ``pytest -m slow``.
+Slow (every lab's every exercise in a sandbox: 3,567 s for 12 labs on the 2-core machine under a
+load of 40-60, 2026-11-28), so outside the README's suite and its 15-minute budget: an instructor's
+check before a term, ``LABKIT_GRADE_ALL=1 pytest tests/test_grader_venv_masters.py``. The suite keeps
+the collectives master's venv test (tests/test_grader_venv.py).
 """
 import json
 import os
@@ -44,6 +47,8 @@ for path in map(Path, sys.argv[1:]):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("LABKIT_GRADE_ALL"),
+                    reason="an hour on 2 cores: LABKIT_GRADE_ALL=1 runs it (an instructor's check before a term)")
 @pytest.mark.skipif(bool(WHY), reason=f"the sandbox cannot run here: {WHY}")
 def test_every_master_gets_full_marks_from_a_plain_venv(tmp_path):
     assert len(MASTERS) >= 12
