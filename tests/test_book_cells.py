@@ -159,3 +159,23 @@ def test_no_setup_only_cell_is_folded(path):
     # the notebook, the page shows no empty fold)
     bad = _folded_setup_cells(path)
     assert not bad, f"{path.name}: code cells {bad} are hide-input with no output: tag them remove-input"
+
+
+def test_cheatsheet_names_real_functions_and_chapters():
+    """book/cheatsheet.md (issue 36, item 4): each row's labkit.calc name exists and each chapter link
+    is a page of _toc.yml, so the one-page summary cannot point at something renamed or gone."""
+    import labkit.calc as calc
+    text = (ROOT / "book" / "cheatsheet.md").read_text()
+    toc = (ROOT / "_toc.yml").read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| ") and not r.startswith("| quantity")
+            and not r.startswith("| schedule") and not r.startswith("| operation")]
+    assert len(rows) > 25
+    for row in rows:
+        for page in re.findall(r"\]\(([\w-]+)\)", row):
+            assert f"file: book/{page}\n" in toc, (page, row)
+        for name in re.findall(r"`([\w.]+)`", row.rsplit("|", 2)[-2]):
+            obj = calc
+            for part in name.split("."):
+                obj = getattr(obj, part, None) if part != "ParallelConfig" else calc.ParallelConfig
+            assert obj is not None or name == "simulator", (name, row)
+    assert "file: book/cheatsheet" in toc
