@@ -171,7 +171,7 @@ def test_cheatsheet_names_real_functions_and_chapters():
             and not r.startswith("| schedule") and not r.startswith("| operation")]
     assert len(rows) > 25
     for row in rows:
-        for page in re.findall(r"\]\(([\w-]+)\)", row):
+        for page in re.findall(r"\]\(([\w-]+)(?:\.ipynb)?\)", row):
             assert f"file: book/{page}\n" in toc, (page, row)
         for name in re.findall(r"`([\w.]+)`", row.rsplit("|", 2)[-2]):
             obj = calc
