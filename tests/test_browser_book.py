@@ -411,6 +411,257 @@ def test_rank_grid_shows_topology_groups(tools, world, tp, cp, pp, ep, rank):
         assert len({groups[r] for r in g}) == 1
 
 
+# -- any layout, at once (issue 36): whole numbers, not menus of powers of two --------------------
+def _answers():
+    import sys
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import labkit_answers
+    return labkit_answers
+
+
+def _random_memory_layouts(answers, n_valid=60, n_invalid=60, seed=36):
+    """Random explorer inputs, mostly off the powers of two, until both kinds are well represented."""
+    import random
+    rnd = random.Random(seed)
+    models = sorted(calc.MODELS)
+    valid, invalid = [], []
+    for _ in range(3000):
+        v = {**answers.MEMORY_DEFAULTS, "model": rnd.choice(models),
+             "seq_length": rnd.choice([512, 1000, 1024, 1536, 2048, 3000, 4096, 6144, 8192]),
+             "micro_batch_size": rnd.randint(1, 5), "tensor_model_parallel_size": rnd.choice([1, 2, 3, 4, 5, 6, 8, 12]),
+             "sequence_parallel": rnd.random() < 0.5, "pipeline_model_parallel_size": rnd.choice([1, 2, 3, 4, 5, 6, 7, 8, 12, 16]),
+             "virtual_stages": rnd.choice([1, 1, 2, 3, 4]), "context_parallel_size": rnd.choice([1, 1, 2, 3, 4]),
+             "expert_model_parallel_size": rnd.choice([1, 1, 2, 3, 4, 8]), "data_parallel_size": rnd.randint(1, 24),
+             "num_microbatches": rnd.randint(1, 48), "zero_stage": rnd.randint(0, 3),
+             "recompute_granularity": rnd.choice(["none", "selective", "full"]),
+             "precision": rnd.choice(sorted(calc.PRECISIONS)), "attention": rnd.choice(["flash", "math"]),
+             "gpu": rnd.choice(sorted(calc.GPUS))}
+        a = answers.memory(v)
+        (invalid if "error" in a else valid).append((v, a))
+        if len(valid) >= n_valid and len(invalid) >= n_invalid:
+            break
+    return valid[:n_valid] + invalid[:n_invalid]
+
+
+def test_memory_closed_form_in_the_page_equals_labkit_calc(tools):
+    """The page's own closed form (memory-formula.js), which answers any layout at once, gives
+    labkit.calc's numbers and refuses with labkit.calc's rule, on random non-power-of-two layouts."""
+    answers = _answers()
+    cases = _random_memory_layouts(answers)
+    assert sum("error" not in a for _v, a in cases) >= 60 and sum("error" in a for _v, a in cases) >= 30
+    assert any(v["tensor_model_parallel_size"] in (3, 5, 6, 12) and "error" not in a for v, a in cases)
+    got = tools.evaluate("""cases => { const b = document.querySelector('figure[data-explorer=memory]');
+        const data = JSON.parse(b.querySelector('script.lx-data').textContent).formula;
+        return cases.map(v => window.labkitExplorers.memoryClosedForm(data, v)); }""", [v for v, _a in cases])
+    for (v, want), js in zip(cases, got):
+        if "error" in want:
+            assert js == {"error": want["error"]}, v
+            continue
+        assert "error" not in js, (v, js)
+        for k in ("world_size", "global_batch_size", "num_microbatches", "virtual_stages", "layers_per_stage",
+                  "peak_stage", "capacity_bytes", "gpu", "attention", "warnings"):
+            assert js[k] == want[k], (k, v)
+        assert len(js["stages"]) == len(want["stages"])
+        for i, (a, b) in enumerate(zip(js["stages"], want["stages"])):
+            for k in ("params", "grads", "optimizer", "activations", "total"):
+                assert a[k] == pytest.approx(b[k], rel=1e-12, abs=0), (i, k, v)
+
+
+def test_off_grid_answer_is_at_once_on_the_chapter_page(site):
+    """why-parallelism's Question 3 (GPT-2 XL, 25 heads: TP 5) typed into the chapter's explorer: the
+    page answers from its closed form before Python has started, then Python's answer (with
+    Megatron's estimate) replaces it with the same numbers. The times are printed for the README."""
+    browser, base = site
+    pg, errors, _outside = _open(browser, base, "book/why-parallelism.html", 390)
+    box = pg.locator("figure[data-explorer=memory]").first
+    changes = {"model": "gpt2-1.5b", "seq_length": 1024, "micro_batch_size": 8, "recompute_granularity": "none",
+               "attention": "math", "sequence_parallel": False, "pipeline_model_parallel_size": 3,
+               "data_parallel_size": 1, "num_microbatches": 6, "tensor_model_parallel_size": 5}
+    before = pg.evaluate("() => (window.labkitExplorers.pythonState || {}).state || 'not started'")
+    config = json.loads(box.get_attribute("data-config"))
+    values = {**config["values"], **changes}
+    key = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    # in the page: when the last field is typed into, and when the figure first shows its answer
+    pg.evaluate("""k => { const b = document.querySelector('figure[data-explorer=memory]'); window.__t = {};
+        b.addEventListener('input', () => { window.__t.input = performance.now(); }, true);
+        new MutationObserver(() => { if (b.dataset.inputs === k && b.dataset.state !== 'computing' && !window.__t.answer)
+            window.__t.answer = performance.now(); }).observe(b, {attributes: true}); }""", key)
+    for k, x in changes.items():
+        _set(pg, box, k, x)
+    pg.wait_for_function("() => window.__t.answer", timeout=180_000)
+    t_answer = pg.evaluate("() => window.__t.answer - window.__t.input")
+    source = box.get_attribute("data-source")
+    shown_peak = _value(box, "peak")
+    want = _answers().memory(values)
+    assert "error" not in want
+    assert shown_peak == pytest.approx(want["peak_bytes"], rel=1e-12)
+    assert box.locator(".lx-caption-note").is_visible()          # the caption is for the first setting
+    # the time from typing the last field to its answer, and from opening the page
+    since_open = pg.evaluate("() => performance.now()")
+    print(f"\nfirst off-grid answer (TP 5, PP 3): {t_answer:.0f} ms after the last input, source {source}, "
+          f"Python {before} when typed; page open {since_open / 1000:.1f} s")
+    assert source in ("page", "build", "python")
+    pg.wait_for_function("([s, k]) => { const b = document.querySelector(s); return b.dataset.state === 'ready' && "
+                         "b.dataset.inputs === k && b.dataset.source === 'python'; }",
+                         arg=["figure[data-explorer=memory]", key], timeout=180_000)
+    ready_ms = pg.evaluate("() => window.labkitExplorers.pythonReadyMs")
+    print(f"Python's answer (Megatron's estimate added) {ready_ms / 1000:.1f} s after the page opened")
+    assert _value(box, "peak") == pytest.approx(want["peak_bytes"], rel=1e-12)
+    assert _value(box, "megatron_activation") == pytest.approx(want["megatron"]["activation_bytes"], rel=1e-12)
+    assert source == "page" and t_answer < 1000, (source, t_answer)   # answered in the page, under 1 s
+    assert not errors, errors
+    pg.context.close()
+
+
+def test_python_starts_on_idle_after_first_paint_with_progress(site):
+    """The calculators page does not start Python at open: it paints the build's answers first; Python
+    starts when the page is idle, and the status line shows its progress until it is ready."""
+    browser, base = site
+    pg, errors, _outside = _open(browser, base, "book/calculators.html", 1400)
+    pg.wait_for_function("() => document.getElementById('labkit-calc-status').dataset.state === 'ready'", timeout=180_000)
+    log = pg.evaluate("() => window.labkitExplorers.pythonLog")
+    load = pg.evaluate("() => performance.getEntriesByType('navigation')[0].loadEventEnd")
+    assert log[0]["state"] == "starting" and log[0]["at"] >= load, (log, load)       # after the page loaded
+    assert [e["state"] for e in log].count("starting") >= 3 and log[-1]["state"] == "ready", log
+    assert any("loading the Python runtime" in e["text"] for e in log), log
+    status = pg.locator("#labkit-calc-status").inner_text()
+    assert status.startswith("ready: labkit.calc runs in your browser"), status
+    print(f"\ncalculators page: Python asked for {log[0]['at'] / 1000:.2f} s after open "
+          f"(load event {load / 1000:.2f} s), ready at {log[-1]['at'] / 1000:.1f} s")
+    assert not errors, errors
+    pg.context.close()
+
+
+@pytest.mark.parametrize("world, tp, cp, pp, ep", [(24, 3, 1, 2, 1), (48, 3, 2, 2, 4), (40, 5, 1, 1, 1), (36, 1, 3, 3, 2)])
+def test_rank_grid_takes_any_whole_numbers(tools, world, tp, cp, pp, ep):
+    box = tools.locator("figure[data-explorer=rank-grid]").first
+    for k, x in (("world_size", world), ("tp", tp), ("cp", cp), ("pp", pp), ("ep", ep)):
+        _set(tools, box, k, x)
+    t = Topology(world, tp=tp, pp=pp, cp=cp, ep=ep)
+    assert box.get_attribute("data-state") == "ready"
+    assert _value(box, "dp") == t.dp
+    groups = box.evaluate("b => [...b.querySelectorAll('button[data-rank]')].map(x => +x.dataset.group)")
+    assert len(groups) == world
+    for i, g in enumerate(t.groups("tp")):
+        assert {groups[r] for r in g} == {i}
+    assert box.locator(".lx-caption-note").is_visible()
+
+
+def test_rank_grid_javascript_equals_topology_off_the_powers_of_two(tools):
+    import random
+    rnd = random.Random(36)
+    axes = ["tp", "cp", "dp", "pp", "ep", "edp", "dp_cp", "mp", "etp_ep"]
+    def built():   # world = TP x CP x PP x DP, so the dense grid is valid; EP may or may not divide
+        tp, cp, pp, dp = rnd.randint(1, 6), rnd.randint(1, 3), rnd.randint(1, 5), rnd.randint(1, 7)
+        return tp * cp * pp * dp, tp, cp, pp, rnd.randint(1, 6)
+    layouts = [built() for _ in range(200)] + [
+        (rnd.randint(1, 96), rnd.randint(1, 12), rnd.randint(1, 6), rnd.randint(1, 8), rnd.randint(1, 8)) for _ in range(200)]
+    got = tools.evaluate("""([layouts, axes]) => layouts.map(([w, tp, cp, pp, ep]) => {
+        try { const t = window.labkitExplorers.topology(w, tp, pp, cp, ep);
+              return Object.fromEntries(axes.map(a => [a, t.groups(a)])); }
+        catch (e) { return {error: e.message}; } })""", [layouts, axes])
+    n_ok = 0
+    for (world, tp, cp, pp, ep), js in zip(layouts, got):
+        try:
+            t = Topology(world, tp=tp, pp=pp, cp=cp, ep=ep)
+        except ValueError as err:
+            assert js == {"error": str(err)}, (world, tp, cp, pp, ep)
+            continue
+        n_ok += 1
+        assert js == {a: t.groups(a) for a in axes}, (world, tp, cp, pp, ep)
+    assert n_ok >= 80 and sum(max(x[1:4]) not in (1, 2, 4, 8) for x in layouts) > 100
+
+
+def test_invalid_rank_grid_keeps_nothing_of_the_last_layout(tools):
+    """An invalid layout (or an empty field) leaves no grid, legend or group list of the last valid one."""
+    box = tools.locator("figure[data-explorer=rank-grid]").first
+    for k, x in (("world_size", 16), ("tp", 2), ("cp", 1), ("pp", 2), ("ep", 1)):
+        _set(tools, box, k, x)
+    assert box.locator(".lx-legend").inner_text() and box.locator("[data-key=group_tp]").count() == 1
+    _set(tools, box, "tp", 3)
+    assert box.get_attribute("data-state") == "invalid"
+    with pytest.raises(ValueError) as err:
+        Topology(16, tp=3, pp=2)
+    assert box.locator("[data-key=error]").inner_text() == f"invalid layout — {err.value}"
+    assert box.locator(".lx-legend").inner_text() == "" and box.locator("[data-key^=group_]").count() == 0
+    assert box.locator("button[data-rank]").count() == 0
+    box.locator('[name="tp"]').fill("")
+    assert "TP is empty" in box.locator("[data-key=error]").inner_text()
+    _set(tools, box, "tp", 2)
+    assert box.get_attribute("data-state") == "ready" and box.locator("button[data-rank]").count() == 16
+
+
+def test_memory_explorer_says_what_is_wrong_with_a_field(tools):
+    box = tools.locator("figure[data-explorer=memory]").first
+    field = box.locator('[name="pipeline_model_parallel_size"]')
+    field.fill("")
+    assert box.get_attribute("data-state") == "invalid"
+    assert "PP is empty" in box.locator("[data-key=error]").inner_text()
+    field.fill("2.5")
+    assert "whole number" in box.locator("[data-key=error]").inner_text()
+    field.fill("16")
+    tools.wait_for_function("s => document.querySelector(s).dataset.state !== 'invalid'",
+                            arg="figure[data-explorer=memory]")
+
+
+CONTROLS_JS = """() => [...document.querySelectorAll('.labkit-explorer .lx-control input[type=range], .labkit-explorer .lx-control select')].map(el => {
+  const r = el.getBoundingClientRect(), box = el.closest('.lx-control').getBoundingClientRect();
+  let text = 0;
+  if (el.tagName === 'SELECT') {
+    const c = document.createElement('canvas').getContext('2d'), st = getComputedStyle(el);
+    c.font = `${st.fontSize} ${st.fontFamily}`;
+    text = Math.max(...[...el.options].map(o => c.measureText(o.text).width));
+  }
+  return {name: el.name, tag: el.tagName, width: r.width, control: box.width, text};
+})"""
+
+
+@pytest.mark.parametrize("page", ["book/calculators.html", "book/why-parallelism.html"])
+def test_explorer_controls_keep_their_width_on_a_phone(site, page):
+    """Defect 4: a slider is never squeezed to a bare thumb by its value text, and a menu's longest
+    choice fits inside it (the arrow takes ~24 px), at 390 px."""
+    browser, base = site
+    pg, _errors, _outside = _open(browser, base, page, 390)
+    controls = pg.evaluate(CONTROLS_JS)
+    assert controls
+    for c in controls:
+        assert c["width"] >= 0.9 * c["control"], c
+        if c["tag"] == "SELECT":
+            assert c["text"] + 24 <= c["width"], c
+    pg.context.close()
+
+
+def test_phone_timeline_keeps_its_cursor_in_view(site):
+    """Defect 9: at 390 px the timeline opens at t = end; its red "now" line is inside the visible part."""
+    browser, base = site
+    pg, _errors, _outside = _open(browser, base, "book/calculators.html", 390)
+    seen = pg.evaluate("""() => { const box = document.querySelector('figure[data-explorer=pipeline] .lx-scroll');
+        const cur = box.querySelector('.lx-cursor').getBoundingClientRect(), r = box.getBoundingClientRect();
+        return {cursor: cur.left, left: r.left, right: r.right, scroll: box.scrollWidth > box.clientWidth}; }""")
+    assert seen["left"] <= seen["cursor"] <= seen["right"], seen
+    pg.context.close()
+
+
+SCROLL_JS = """() => [...document.querySelectorAll('.bd-article .pst-scrollable-table-container, .bd-article .cell_output .output')]
+  .filter(b => b.querySelector('table') && b.scrollWidth > b.clientWidth + 1 && b.getBoundingClientRect().width > 0)
+  .map(b => { const cue = b.previousElementSibling;
+    return {head: b.querySelector('table').innerText.slice(0, 40), scrolls: getComputedStyle(b).overflowX,
+            cue: cue && cue.classList.contains('lx-scroll-cue') && !cue.hidden && cue.getBoundingClientRect().height > 0 ? cue.innerText : null}; })"""
+
+
+@pytest.mark.parametrize("page", ["book/sequence-parallel.html", "book/collectives.html", "book/calculators.html"])
+def test_phone_tables_that_scroll_say_so(site, page):
+    """Defect 6: at 390 px a table wider than the column scrolls in its own box and a cue above it says
+    there are more columns (the decisive ones are often last)."""
+    browser, base = site
+    pg, _errors, _outside = _open(browser, base, page, 390)
+    wide = pg.evaluate(SCROLL_JS)
+    assert wide, f"{page}: no table wider than 390 px: this guard would check nothing"
+    for w in wide:
+        assert w["scrolls"] in ("auto", "scroll") and w["cue"] and "scroll" in w["cue"], w
+    pg.context.close()
+
+
 # -- the calculators -------------------------------------------------------------------------------
 def _calc(pg, name, values: dict):
     sel = f'.labkit-calc[data-calc="{name}"]'

@@ -237,3 +237,28 @@ def test_memory_figures_are_legible_on_a_phone():
     for fig in (F.memory_per_precision(rows), F.live_params(timeline),
                 F.recompute_tradeoff({"none": 3, "selective": 2, "full": 1}, {"none": 1, "selective": 1.1, "full": 1.3})):
         assert smallest_label_px(svg(fig)) >= MIN_LABEL_PX
+
+
+def test_recompute_flops_ratio_equals_counted_flops():
+    """Defect 5 of issue 36: the chapter's recompute cost is the analytic FLOPs ratio, not a noisy CPU
+    time. Checked against torch's own FLOP counter on a labkit TransformerLayer: the forward of the
+    layer and of its attention core (what selective recomputation runs again), backward = 2x forward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from labkit.measure.memory_knobs import recompute_flops_ratio
+    from labkit.model import GPTConfig, TransformerLayer
+    s, b, h = 16, 2, 32
+    layer = TransformerLayer(GPTConfig(num_layers=1, hidden_size=h, num_attention_heads=4, seq_length=s)).double()
+    x = torch.randn(b, s, h, dtype=torch.float64)
+    with FlopCounterMode(display=False) as whole:
+        layer(x)
+    counts = whole.get_flop_counts()
+    cores = [name for name in counts if name.endswith("core_attention")]
+    assert len(cores) == 1, list(counts)
+    core = sum(counts[cores[0]].values())
+    forward, attn = whole.get_total_flops(), core
+    assert attn > 0 and forward > attn
+    got = recompute_flops_ratio(s, b, h)
+    assert got["selective"] == pytest.approx((3 * forward + attn) / (3 * forward), rel=1e-12)
+    assert got["full"] == pytest.approx(4 / 3) and got["none"] == 1.0

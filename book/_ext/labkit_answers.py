@@ -150,6 +150,27 @@ def memory(v: dict) -> dict:
     }
 
 
+def memory_page_data() -> dict:
+    """What the page's closed form (``_static/explorers/memory-formula.js``) needs to answer the
+    memory explorer without Python: each preset's shape, each precision's bytes, each GPU's memory.
+    The page's answer is labkit.calc's formulas transcribed (memory_per_stage and the rule book);
+    tests/test_browser_book.py checks it against ``memory()`` on random layouts."""
+    fields = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "ffn_hidden_size",
+              "make_vocab_size_divisible_by", "swiglu", "normalization", "add_bias_linear",
+              "position_embedding_type", "untie_embeddings_and_output_weights", "qk_layernorm",
+              "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+              "max_position_embeddings")
+    models = {}
+    for name in sorted(calc.MODELS):
+        m = calc.model(name)
+        models[name] = {**{f: getattr(m, f) for f in fields}, "kv_channels": m.kv_channels,
+                        "query_groups": m.query_groups, "moe_layers": m.moe_layers()}
+    precisions = {k: {"param": p.bytes_param, "grad": p.bytes_grad, "sharded": p.sharded_bytes,
+                      "activation": p.bytes_activation} for k, p in calc.PRECISIONS.items()}
+    gpus = {k: {"name": g.name, "memory_bytes": g.memory_bytes} for k, g in calc.GPUS.items()}
+    return {"models": models, "precisions": precisions, "gpus": gpus, "attention": ATTENTION}
+
+
 # -- the calculators page ------------------------------------------------------------------------
 def _bubble(par, b) -> float:
     return calc.bubble_fraction(par.pp, b["num_microbatches"], b["virtual_pipeline_size"])

@@ -17,9 +17,13 @@ Three explorers, all answering on the static page with no kernel (``_static/expl
   with ``labkit.pipeline_parallel.schedules`` and ``simulate`` (``_static/explorers/pipeline.json``).
 * ``memory``    bytes per GPU per pipeline stage from ``labkit.calc`` (``labkit_answers.memory``):
   the answer for the page's inputs and for every change of one input are computed here; any other
-  input is answered by the same function in a Web Worker running Pyodide.
-* ``rank-grid`` Megatron's groups on nodes of 8 GPUs: JavaScript mirroring ``labkit.topology``
-  (``rankgrid.js``; tests/test_browser_book.py proves it equal to Topology for every layout it offers).
+  input (any whole numbers: 24 GPUs, TP 3) is answered at once by labkit.calc's closed form
+  transcribed in the page (``memory-formula.js``, checked against ``memory()`` by the browser
+  test), then by the same Python function in a Web Worker running Pyodide, which starts on idle
+  after first paint and adds Megatron-LM's estimate.
+* ``rank-grid`` Megatron's groups on nodes of 8 GPUs for any whole sizes (24 GPUs, TP 3):
+  JavaScript mirroring ``labkit.topology`` (``rankgrid.js``; tests/test_browser_book.py proves it
+  equal to Topology on a grid of layouts and on random non-power-of-two ones).
 
 Options are checked here, so a bad value fails the build (``-W``) with the allowed range. The
 scripts are added only to pages that hold an explorer.
@@ -39,7 +43,7 @@ from labkit_pipeline_grid import (M_RANGE, P_RANGE, SCHEDULES, V_RANGE, case_key
                                   pipeline_grid)
 
 STATIC = "explorers"   # folder under _static/ (book/_static/explorers/ holds the scripts)
-SCRIPTS = ("explorers.js", "pipeline.js", "memory.js", "rankgrid.js")
+SCRIPTS = ("explorers.js", "pipeline.js", "memory-formula.js", "memory.js", "rankgrid.js")
 
 # -- the directive --------------------------------------------------------------------------------
 def _int_in(lo: int, hi: int):
@@ -72,7 +76,8 @@ def _memory_option(name):
     if all(isinstance(c, bool) for c in choices):
         return _bool
     if all(isinstance(c, int) for c in choices):
-        return _choice_int(choices)
+        # the page takes any whole number here (memory.js NUMBERS); the build answers it with labkit.calc
+        return _int_in(1, 1 << 20) if name != "zero_stage" else _choice_int(choices)
     return _choice(choices)
 
 
@@ -85,7 +90,7 @@ MEMORY_OPTIONS = {"model": "model", "seq_length": "seq_length", "micro_batch_siz
                   "recompute": "recompute_granularity", "precision": "precision",
                   "attention": "attention", "gpu": "gpu"}
 RANK_AXES = ("tp", "cp", "dp", "pp", "ep", "edp")
-POW2_64 = (1, 2, 4, 8, 16, 32, 64)   # the rank grid's menus (rankgrid.js)
+RANK_MAX = 512   # the rank grid takes any whole number up to this (rankgrid.js MAX_WORLD)
 
 
 def _choice_int(values):
@@ -107,8 +112,8 @@ class LabkitExplorer(Directive):
     CONVERTERS = {
         "pipeline": {"schedule": _choice(SCHEDULES), "p": _int_in(2, 8), "m": _int_in(1, 16), "v": _int_in(1, 4)},
         "memory": {opt: _memory_option(key) for opt, key in MEMORY_OPTIONS.items()},
-        "rank-grid": {"world_size": _choice_int((8, 16, 32, 64)), "tp": _choice_int(POW2_64),
-                      "cp": _choice_int(POW2_64), "ep": _choice_int(POW2_64), "pp": _choice_int(POW2_64),
+        "rank-grid": {"world_size": _int_in(1, RANK_MAX), "tp": _int_in(1, RANK_MAX),
+                      "cp": _int_in(1, RANK_MAX), "ep": _int_in(1, RANK_MAX), "pp": _int_in(1, RANK_MAX),
                       "show": _choice(RANK_AXES)},
     }
     option_spec = {"caption": directives.unchanged,
@@ -179,7 +184,7 @@ class LabkitExplorer(Directive):
         env.labkit_explorer_memory = wanted
         config = {"values": values, "cache": f"memory-{digest}.json",
                   "controls": [[n, label, choices] for n, label, choices in answers.MEMORY_CONTROLS]}
-        return config, {"key": answers.key(values), "answer": first}
+        return config, {"key": answers.key(values), "answer": first, "formula": answers.memory_page_data()}
 
     def _rank_grid(self, env):
         from labkit.topology import Topology

@@ -14,7 +14,9 @@ assets the book does not use. After an HTML build this
 * deletes the ipywidgets embed manager (``_static/jupyter-widgets/``, 4.4 MB) from the build when no
   page needs it, so no page can load it (it also threw MathJax 2 "Queue" errors under MathJax 3);
 * adds ``_static/labkit-book.css`` to every page: nothing wider than a 390 px screen (long inline
-  code wraps, tables and equations scroll inside their own box, images shrink).
+  code wraps, tables and equations scroll inside their own box, images shrink), and
+  ``_static/labkit-scroll-cue.js``: a table that scrolls sideways says so (a cue line and an edge
+  shadow), so a phone reader knows the decisive columns are there.
 
 A theme upgrade that moves these files fails the build with a message naming what is missing.
 """
@@ -107,6 +109,7 @@ def finish(app, exception):
 def setup(app):
     app.add_css_file("labkit-book.css")
     app.add_css_file("labkit-icons.css")
+    app.add_js_file("labkit-scroll-cue.js", loading_method="defer")   # wide tables say they scroll
     app.connect("html-page-context", drop_thebe, priority=950)
     app.connect("build-finished", finish)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -49,18 +49,35 @@ def live_params(timeline: dict):
     return fig
 
 
-def recompute_tradeoff(saved: dict, seconds: dict):
-    """Left: bytes one layer keeps for its backward, none / selective / full (measured). Right:
-    seconds per training step relative to no recomputation (measured, this machine)."""
+def recompute_tradeoff(saved: dict, seconds: dict | None = None, flops_ratio: dict | None = None):
+    """Left: bytes one layer keeps for its backward, none / selective / full (measured). Right: time
+    per training step relative to no recomputation: bars are the analytic FLOPs ratio
+    (``flops_ratio``, when given), black dots the measured median step time of each mode over its
+    repeated steps with a whisker from the fastest to the slowest step (``seconds``: {mode: [step
+    times]}, or one number per mode), each divided by the median of "none": where the whiskers
+    overlap, the measured difference is within this machine's noise."""
+    import statistics
     fig, (a1, a2) = new(5.0, 2.8, 1, 2)
     modes = ["none", "selective", "full"]
     colours = ["#9e9e9e", "#1f5fa8", "#2e7d32"]
     a1.bar(modes, [saved[m] / 1024 for m in modes], color=colours)
     a1.set_ylabel("saved per layer (KiB)")
-    base = seconds["none"]
-    a2.bar(modes, [seconds[m] / base for m in modes], color=colours)
+    if flops_ratio is not None:
+        a2.bar(modes, [flops_ratio[m] for m in modes], color=colours, alpha=0.45 if seconds else 1.0,
+               label="FLOPs (analytic)")
+        a2.set_ylim(0, max(flops_ratio.values()) * 1.15)
+    samples = {m: list(seconds[m]) if isinstance(seconds[m], (list, tuple)) else [seconds[m]]
+               for m in modes} if seconds else {}
+    base = statistics.median(samples["none"]) if samples else 1.0
+    for i, m in enumerate(modes if samples else []):
+        r = [x / base for x in samples[m]]
+        mid = statistics.median(r)
+        a2.errorbar([i], [mid], yerr=[[mid - min(r)], [max(r) - mid]], fmt="o", color="black", ms=4,
+                    capsize=3, label="measured (median, min-max)" if i == 0 else None)
     a2.axhline(1.0, color="black", lw=0.8)
-    a2.set_ylabel("time per step / none")
+    a2.set_ylabel("per step / none")
+    if samples and flops_ratio is not None:
+        a2.legend(fontsize=SMALL_PT, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1, frameon=False)
     for ax in (a1, a2):
         ax.tick_params(axis="x", labelsize=SMALL_PT)
     fig.tight_layout()

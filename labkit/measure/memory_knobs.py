@@ -62,6 +62,21 @@ def runs(world_size: int, configs: dict, steps: int = 3, seed: int = 0, trap=Non
                    "num_params": outs[0][name]["num_params"]} for name in configs}
 
 
+def recompute_flops_ratio(seq_length: int, micro_batch_size: int, hidden_size: int,
+                          ffn_hidden_size: int | None = None) -> dict:
+    """{"none" | "selective" | "full": a layer's FLOPs per training step relative to none}, analytic.
+
+    One layer's forward is 2sb(4h^2 + 2h f) FLOPs in its linears plus 4bs^2h in the attention core
+    (QK^T and AV, causal mask not exploited, as labkit's dense attention runs it); the backward costs
+    twice the forward. Selective recomputation runs the core's forward again, full the whole
+    forward (Korthikanti et al. 2022, Sec. 5: full costs about a third more)."""
+    s, b, h = seq_length, micro_batch_size, hidden_size
+    f = ffn_hidden_size or 4 * h
+    core = 4 * b * s * s * h
+    forward = 2 * s * b * (4 * h * h + 2 * h * f) + core
+    return {"none": 1.0, "selective": (3 * forward + core) / (3 * forward), "full": 4 / 3}
+
+
 def layer_saved_bytes(seq_length: int = 64, micro_batch_size: int = 2, hidden_size: int = 64,
                       num_attention_heads: int = 4, dtype: str = "float32") -> dict:
     """{"none" | "selective" | "full": bytes one TransformerLayer saves for its backward} (dropout

@@ -8,7 +8,9 @@ const t0 = performance.now();
 const root = new URL("../", import.meta.url).href;           // .../_static/
 
 async function start() {
+  postMessage({ progress: "loading the Python runtime (about 13 MB, once)" });
   const py = await loadPyodide({ indexURL: root + "pyodide/" });
+  postMessage({ progress: "loading labkit.calc" });
   const manifest = await (await fetch(root + "labkit_src/manifest.json")).json();
   await Promise.all(manifest.files.map(async (rel) => {
     const text = await (await fetch(root + "labkit_src/" + rel)).text();
@@ -16,6 +18,7 @@ async function start() {
     py.FS.mkdirTree(path.substring(0, path.lastIndexOf("/")));
     py.FS.writeFile(path, text);
   }));
+  postMessage({ progress: "importing labkit.calc" });
   py.runPython("import sys; sys.path.insert(0, '/home/pyodide')");
   const answers = py.pyimport("labkit_answers");
   const json = py.pyimport("json");

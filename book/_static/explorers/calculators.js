@@ -1,8 +1,8 @@
 // The calculators page: forms of labkit.calc inputs (labkit.calc.report.FORMS) and their answers.
 // The answers for the default inputs, and for many single changes, were computed when the book was
 // built (the labkit-calculator directive, book/_ext/labkit_explorers.py): they are on screen at first
-// paint. Python (Pyodide, in a Web Worker: the page stays responsive) starts at once in the background
-// and answers everything else with the same function, book/_ext/labkit_answers.py's calculate().
+// paint. Python (Pyodide, in a Web Worker: the page stays responsive) starts in the background once
+// the page is idle after its first paint, and answers everything else with the same function, book/_ext/labkit_answers.py's calculate().
 // Typing is debounced; an empty field says so; numbers are formatted (GiB, TFLOP, ms) and carry their
 // exact value in data-value for the browser test.
 (function () {
@@ -16,17 +16,24 @@
     const el = document.getElementById("labkit-calc-status");
     if (el) { el.textContent = text; el.dataset.state = state; }
   }
+  // Python starts once the page has painted and the browser is idle (X.warmOnIdle), not at open:
+  // the answers the build computed are on screen first; progress shows in the status line.
   function startPython() {
     if (window.location.protocol === "file:") {
       status("failed to start Python: this page was opened from a file; serve the book over http "
              + "(see the note above). The answers shown are for the default inputs.", "error");
       return;
     }
-    status("answers below are for the default inputs, computed when the book was built; starting "
-           + "Python in the background so that any input can be changed ...", "loading");
-    X.python().then(
-      () => status(`ready: labkit.calc runs in your browser (Python started in ${((performance.now() - t0) / 1000).toFixed(1)} s)`, "ready"),
-      (err) => status("failed to start Python: " + err.message, "error"));
+    status("answers below are for the default inputs, computed when the book was built; Python "
+           + "starts in the background once the page has loaded, so that any input can be changed.", "waiting");
+    window.addEventListener("labkit-python", (e) => {
+      const st = e.detail;
+      if (st.state === "starting") status(X.pythonText(st), "loading");
+      else if (st.state === "ready") status(`ready: labkit.calc runs in your browser (Python started in ${(st.ms / 1000).toFixed(1)} s, `
+                                            + `${((performance.now() - t0) / 1000).toFixed(1)} s after the page opened)`, "ready");
+      else status("failed to start Python: " + st.text, "error");
+    });
+    X.warmOnIdle();
   }
 
   const canonical = (v) => JSON.stringify(Object.keys(v).sort().reduce((o, k) => ((o[k] = v[k]), o), {}));
@@ -141,6 +148,7 @@
       answer.replaceChildren(...(a.error ? [error(a.error)] : RENDER[data.name](a, box)));
       box.dataset.state = state;
       box.dataset.updates = String(+(box.dataset.updates || 0) + 1);
+      if (window.labkitScrollCue) window.labkitScrollCue.update();   // a wider table says it scrolls
     }
     async function update() {
       const mine = ++asked;

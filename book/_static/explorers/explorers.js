@@ -57,6 +57,21 @@
     return h("span", { class: "lx-num", dataset: { key, value: String(value) } }, format(value));
   }
 
+  // A caption is written for the explorer's first setting: once the reader changes it, the caption
+  // says so (and that the numbers shown are for the reader's setting), so it never reads as stale.
+  function captionNote(fig, changed) {
+    const cap = fig.querySelector("figcaption");
+    if (!cap) return;
+    let note = cap.querySelector(".lx-caption-note");
+    if (!note) {
+      note = h("span", { class: "lx-caption-note", hidden: true },
+               " (This caption describes the first setting; what is drawn above is for the setting you chose.)");
+      cap.append(note);
+    }
+    note.hidden = !changed;
+    fig.dataset.changed = changed ? "1" : "";
+  }
+
   let uid = 0;
   // A slider over a list of values (keyboard: arrows, Home/End, PageUp/Down); shows the value.
   function choiceSlider(name, label, choices, value, onchange, show = String) {
@@ -81,9 +96,34 @@
     const id = "lx-c" + (++uid);
     const sel = h("select", { id, name }, choices.map((c) => h("option", { value: String(c), selected: c === value }, show(c))));
     sel.addEventListener("change", () => onchange(choices[sel.selectedIndex]));
-    const wrap = h("div", { class: "lx-control" }, h("label", { for: id }, label), sel);
+    // a menu with a long choice ("deepseek-moe-16b") takes two grid columns: on a phone, the width
+    // of the explorer, so its text never runs under the arrow
+    const long = Math.max(...choices.map((c) => show(c).length)) > 13;
+    const wrap = h("div", { class: "lx-control" + (long ? " lx-wide" : "") }, h("label", { for: id }, label), sel);
     wrap.set = (v) => { sel.selectedIndex = Math.max(0, choices.indexOf(v)); };
     wrap.input = sel;
+    return wrap;
+  }
+  // A whole number typed by the reader (any value in [min, max], not a menu of powers of two).
+  // onchange(x) gets the number, or onchange(null, message) while the field holds no valid value.
+  function intInput(name, label, value, onchange, { min = 1, max = 1e6 } = {}) {
+    const id = "lx-c" + (++uid);
+    const input = h("input", { id, name, type: "number", min, max, step: 1, value: String(value), inputmode: "numeric" });
+    const read = () => {
+      const text = input.value.trim();
+      if (input.validity && input.validity.badInput) return [null, `${label} must be a number`];
+      if (text === "") return [null, `${label} is empty: type a whole number`];
+      const x = Number(text);
+      if (!Number.isInteger(x)) return [null, `${label} must be a whole number, got ${text}`];
+      if (x < min || x > max) return [null, `${label} must be between ${min} and ${max}, got ${x}`];
+      return [x, null];
+    };
+    const fire = () => { const [x, err] = read(); input.setAttribute("aria-invalid", err ? "true" : "false"); onchange(x, err); };
+    input.addEventListener("input", fire);
+    input.addEventListener("change", fire);
+    const wrap = h("div", { class: "lx-control lx-int" }, h("label", { for: id }, label), input);
+    wrap.set = (v) => { input.value = String(v); };
+    wrap.input = input;
     return wrap;
   }
   function checkbox(name, label, value, onchange) {
@@ -113,6 +153,8 @@
   // -- the Python worker (labkit.calc in Pyodide), shared by every explorer of the page ---------
   // Started on demand (the first answer the build did not precompute), so a page that only reads
   // does not download Python. Answers are {id, answer} messages; one request in flight per caller.
+  // Progress while it starts is broadcast as a "labkit-python" event on window ({detail: {state,
+  // text, ms}}: state "starting" | "ready" | "failed"), and kept in api.pythonState.
   let worker = null, workerReady = null, nextId = 0;
   const waiting = new Map();
   const FILE_HINT = "this page was opened from a file (file://), where browsers refuse to start Python: "
@@ -124,15 +166,43 @@
       workerReady = new Promise((resolve, reject) => {
         worker.addEventListener("message", (e) => {
           const msg = e.data;
-          if (msg.ready) { api.pythonReadyMs = performance.now(); api.pythonStartMs = msg.ms; resolve(msg); return; }
-          if (msg.failed) { reject(new Error(msg.failed)); return; }
+          if (msg.progress) { progress("starting", msg.progress); return; }
+          if (msg.ready) { api.pythonReadyMs = performance.now(); api.pythonStartMs = msg.ms; progress("ready", "Python ready"); resolve(msg); return; }
+          if (msg.failed) { progress("failed", msg.failed); reject(new Error(msg.failed)); return; }
           const done = waiting.get(msg.id);
           if (done) { waiting.delete(msg.id); done(msg); }
         });
-        worker.addEventListener("error", (e) => reject(new Error(e.message || "the Python worker failed")));
+        worker.addEventListener("error", (e) => { progress("failed", e.message || "the Python worker failed");
+                                                   reject(new Error(e.message || "the Python worker failed")); });
       });
+      progress("starting", "starting Python");
     }
     return workerReady;
+  }
+  let pythonT0 = null;
+  function progress(state, text) {
+    if (pythonT0 === null) pythonT0 = performance.now();
+    const ms = performance.now() - pythonT0;
+    api.pythonState = { state, text, ms };
+    api.pythonLog.push({ state, text, at: performance.now() });   // read by tests/test_browser_book.py
+    window.dispatchEvent(new CustomEvent("labkit-python", { detail: api.pythonState }));
+  }
+  // Start Python once the page has painted and the browser is idle (never at open): the answers
+  // the build precomputed are on screen at once, and Python is warm by the time a reader types an
+  // input the build did not answer. Pages without a Python-backed explorer never call this.
+  let idleAsked = false;
+  function warmOnIdle() {
+    if (idleAsked || window.location.protocol === "file:") return;
+    idleAsked = true;
+    const go = () => (window.requestIdleCallback || ((f) => setTimeout(f, 200)))(() => python().catch(() => {}), { timeout: 3000 });
+    if (document.readyState === "complete") go(); else window.addEventListener("load", go, { once: true });
+  }
+  // The status text of Python's start, for a status line: "" once ready.
+  function pythonText(st) {
+    if (!st) return "";
+    if (st.state === "starting") return `starting Python in your browser: ${st.text} (${(st.ms / 1000).toFixed(1)} s) ...`;
+    if (st.state === "failed") return "Python could not start in this browser: " + st.text;
+    return "";
   }
   async function ask(name, values) {
     await python();
@@ -166,7 +236,8 @@
 
   const api = window.labkitExplorers = {
     base, kinds, mount, FILE_HINT, h, s, num, bytes, flops, seconds, percent, integer, choiceSlider,
-    choiceSelect, checkbox, perFrame, debounce, ask, python, pythonStarted,
+    choiceSelect, checkbox, intInput, captionNote, perFrame, debounce, ask, python, pythonStarted, warmOnIdle, pythonText,
+    pythonState: null, pythonLog: [],
     reduceMotion: () => !!(reduceMotion && reduceMotion.matches),
   };
 })();

@@ -10,8 +10,12 @@
   const { h, s, num, bytes } = X;
   const PARTS = [["params", "weights", "#4c72b0"], ["grads", "gradients", "#dd8452"],
                  ["optimizer", "optimizer states", "#55a868"], ["activations", "activations", "#c44e52"]];
-  const SELECTS = new Set(["model", "recompute_granularity", "precision", "attention", "gpu"]);
-  const SHOW = { attention: (x) => (x === "flash" ? "flash (no s×s scores)" : "materialized s×s scores"),
+  const SELECTS = new Set(["model", "recompute_granularity", "precision", "attention", "gpu", "zero_stage"]);
+  // typed whole numbers, any value (24 GPUs, PP 3, TP 5): Python answers what the build did not
+  const NUMBERS = { seq_length: 1 << 20, micro_batch_size: 4096, tensor_model_parallel_size: 1024,
+                    pipeline_model_parallel_size: 1024, virtual_stages: 128, context_parallel_size: 1024,
+                    expert_model_parallel_size: 1024, data_parallel_size: 1 << 20, num_microbatches: 1 << 20 };
+  const SHOW = { attention: (x) => (x === "flash" ? "flash (fused)" : "materialized s×s"),
                  recompute_granularity: String, zero_stage: (x) => (x === 0 ? "0 (none)" : x === 1 ? "1 (distributed optimizer)" : String(x)) };
   const key = (v) => JSON.stringify(Object.keys(v).sort().reduce((o, k) => ((o[k] = v[k]), o), {}));
 
@@ -62,10 +66,13 @@
 
     const controls = h("div", { class: "lx-controls lx-controls-memory" });
     const ctl = {};
+    const bad = new Map();     // field -> what is wrong with its text (an empty or non-integer field)
     for (const [name, label, choices] of config.controls) {
       const show = SHOW[name] || String;
       const onchange = (x) => { values[name] = x; update(); };
+      const typed = (x, err) => { if (err) bad.set(name, err); else { bad.delete(name); values[name] = x; } update(); };
       ctl[name] = typeof choices[0] === "boolean" ? X.checkbox(name, label, values[name], onchange)
+        : name in NUMBERS ? X.intInput(name, label, values[name], typed, { min: 1, max: NUMBERS[name] })
         : SELECTS.has(name) ? X.choiceSelect(name, label, choices, values[name], onchange, show)
         : X.choiceSlider(name, label, choices, values[name], onchange, show);
       controls.append(ctl[name]);
@@ -82,22 +89,54 @@
     }
     // Python starts when a reader first reaches for a control, so it is warm by the time a change
     // needs it; a page that is only read never downloads it.
+    // Python starts on idle after first paint (X.warmOnIdle), or at once when a reader reaches for
+    // a control first; its progress shows in the status line while an answer waits for it.
     const warm = () => { loadCache(); X.python().catch(() => {}); };
     controls.addEventListener("pointerdown", warm, { once: true });
     controls.addEventListener("focusin", warm, { once: true });
+    X.warmOnIdle();
+    window.addEventListener("labkit-python", (e) => {
+      fig.dataset.python = e.detail.state;
+      if (fig.dataset.state === "computing" && e.detail.state !== "ready") status.textContent = X.pythonText(e.detail);
+      if (shown && !shown.error && !shown.megatron && e.detail.state !== "ready") {
+        const p = megatron.querySelector("p");
+        if (p) p.lastChild.textContent = X.pythonText(e.detail);
+      }
+    });
 
     // One question to Python at a time: while it computes, drags only update `values`; when the
     // answer comes, the latest values are asked next (if the answer is not already theirs).
     let busy = false;
     const update = X.perFrame(async () => {
+      if (bad.size) {                                        // say what is wrong; nothing to compute
+        ++asked;
+        const [name, err] = [...bad][0];
+        fig.dataset.state = "invalid"; fig.dataset.inputs = "";
+        status.textContent = "";
+        summary.replaceChildren(h("span", { class: "lx-error", dataset: { key: "error" } }, `invalid input — ${err}`));
+        bars.classList.add("lx-stale"); megatron.replaceChildren(); derived.replaceChildren();
+        X.captionNote(fig, true);
+        return;
+      }
       const snap = { ...values }, k = key(snap);
       const mine = ++asked;
+      // at once: labkit.calc's closed form transcribed in the page (memory-formula.js); the build's
+      // or Python's full answer (with Megatron's estimate) replaces it when it comes
+      if (!cache.has(k) && data.formula && X.memoryClosedForm) {
+        const t = performance.now(), a = X.memoryClosedForm(data.formula, snap);
+        show(a, `closed form computed in the page in ${(performance.now() - t).toFixed(1)} ms; `
+                + "labkit.calc (Python) checks it and adds Megatron-LM's estimate ...", k, "closed-form");
+      }
       if (!cache.has(k)) await loadCache();
       if (mine !== asked) return;                            // a newer input overtook this one
       if (cache.has(k)) { show(cache.get(k), "answer computed when the book was built", k); return; }
-      fig.dataset.state = "computing";
-      status.textContent = X.pythonStarted() ? "computing ..." : "computing: starting Python in your browser (a few seconds, the first time) ...";
-      summary.classList.add("lx-stale"); bars.classList.add("lx-stale");
+      if (fig.dataset.state !== "closed-form") {
+        fig.dataset.state = "computing";
+        const py = X.pythonState;
+        status.textContent = py && py.state === "ready" ? "computing in your browser ..."
+          : X.pythonText(py) || "computing: starting Python in your browser (a few seconds, the first time) ...";
+        summary.classList.add("lx-stale"); bars.classList.add("lx-stale");
+      }
       if (busy) return;                                      // the answer in flight will ask again
       busy = true;
       let reply;
@@ -105,13 +144,15 @@
       catch (err) { busy = false; status.textContent = "Python could not start in this browser: " + err.message; fig.dataset.state = "failed"; return; }
       busy = false;
       cache.set(k, reply.answer);
-      if (key(values) === k) show(reply.answer, `computed in your browser by labkit.calc in ${reply.ms.toFixed(0)} ms`, k);
+      if (key(values) === k && !bad.size) show(reply.answer, `computed in your browser by labkit.calc in ${reply.ms.toFixed(0)} ms`, k);
       else update();                                         // the reader moved on meanwhile
     });
 
-    function show(a, how, k) {
+    function show(a, how, k, state = "ready") {
       shown = a;
-      fig.dataset.state = "ready";
+      X.captionNote(fig, k !== data.key);
+      fig.dataset.state = state;
+      fig.dataset.source = state === "closed-form" ? "page" : how.startsWith("answer computed when") ? "build" : "python";
       fig.dataset.answered = String(+(fig.dataset.answered || 0) + 1);
       fig.dataset.inputs = k;
       status.textContent = how;
@@ -133,6 +174,11 @@
         ...a.warnings.map((w) => h("span", { class: "lx-warning" }, " " + w)));
       bars.replaceChildren(...memoryBars(a, bars.clientWidth));
       const m = a.megatron;
+      if (!m) {   // the closed form in the page has no Megatron estimate: Python brings it
+        megatron.replaceChildren(h("p", null, "Megatron-LM's own estimate, and why it differs: labkit.calc computes it "
+          + "in Python in your browser; ", X.pythonText(X.pythonState) || "on its way ..."));
+        return;
+      }
       megatron.replaceChildren(
         h("p", null, "Megatron-LM's own estimate (first stage, ", h("code", null, "theoretical_memory_usage.py"), "): weights and optimizer ",
           num("megatron_weight", m.weight_and_optimizer_bytes, bytes), ", activations ", num("megatron_activation", m.activation_bytes, bytes),

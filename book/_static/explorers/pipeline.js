@@ -151,6 +151,7 @@
       }
       const c = cases.get(k);
       state.t = c && !c.error ? c.makespan : 0;    // a new schedule is shown whole
+      X.captionNote(fig, k !== data.key);
       draw();
     }
 
@@ -254,6 +255,11 @@
       if (svgBox.legend) svgBox.legend.remove();
       svgBox.legend = legend;
       svgBox.scrollLeft = keepScroll;
+      // keep the red "now" line in view when the timeline is wider than its box (a phone): at open
+      // (t = end) and while it plays, the box scrolls to the cursor rather than leave it off-screen
+      const cx = left + state.t * unit, view = svgBox.clientWidth;
+      if (view > 0 && W > view && (cx < svgBox.scrollLeft + left || cx > svgBox.scrollLeft + view - 8))
+        svgBox.scrollLeft = Math.max(0, Math.min(W - view, cx - view / 2));
     }
 
     function drawArrows(now, p) {

@@ -46,8 +46,7 @@
     return { world, ...sizes, groups, coords };
   }
 
-  const POW2 = (hi) => { const out = []; for (let x = 1; x <= hi; x *= 2) out.push(x); return out; };
-  const WORLDS = [8, 16, 32, 64];
+  const MAX_WORLD = 512;   // drawn as buttons: 64 nodes of 8
   const LABEL = { tp: "TP", cp: "CP", dp: "DP", pp: "PP", ep: "EP", edp: "expert DP" };
 
   X.kinds["rank-grid"] = function (fig, body, config) {
@@ -57,12 +56,15 @@
     const grid = h("div", { class: "lx-nodes" });
     const detail = h("div", { class: "lx-detail" });
     const legend = h("p", { class: "lx-legend" });
+    // any whole numbers (24 GPUs, TP 3, PP 3): the layout is checked by topology(), as Topology does
+    const bad = new Map();
+    const typed = (name) => (x, err) => { if (err) bad.set(name, err); else bad.delete(name); set(err ? {} : { [name]: x }); };
     const ctl = {
-      world: X.choiceSelect("world_size", "GPUs", WORLDS, st.world, (x) => set({ world: x })),
-      tp: X.choiceSelect("tp", "TP", POW2(64), st.tp, (x) => set({ tp: x })),
-      cp: X.choiceSelect("cp", "CP", POW2(64), st.cp, (x) => set({ cp: x })),
-      pp: X.choiceSelect("pp", "PP", POW2(64), st.pp, (x) => set({ pp: x })),
-      ep: X.choiceSelect("ep", "EP", POW2(64), st.ep, (x) => set({ ep: x })),
+      world: X.intInput("world_size", "GPUs", st.world, typed("world"), { min: 1, max: MAX_WORLD }),
+      tp: X.intInput("tp", "TP", st.tp, typed("tp"), { min: 1, max: MAX_WORLD }),
+      cp: X.intInput("cp", "CP", st.cp, typed("cp"), { min: 1, max: MAX_WORLD }),
+      pp: X.intInput("pp", "PP", st.pp, typed("pp"), { min: 1, max: MAX_WORLD }),
+      ep: X.intInput("ep", "EP", st.ep, typed("ep"), { min: 1, max: MAX_WORLD }),
     };
     const radios = h("fieldset", { class: "lx-radios" }, h("legend", null, "colour the groups of"),
       ...["tp", "cp", "dp", "pp", "ep", "edp"].map((a) => {
@@ -77,15 +79,21 @@
 
     function draw() {
       let t;
-      try { t = topology(st.world, st.tp, st.pp, st.cp, st.ep); }
-      catch (err) {
+      try {
+        if (bad.size) throw new Error([...bad.values()][0]);
+        t = topology(st.world, st.tp, st.pp, st.cp, st.ep);
+      } catch (err) {
+        // nothing of the last valid layout stays on screen: no grid, legend or group list
         status.replaceChildren(h("span", { class: "lx-error", dataset: { key: "error" } }, "invalid layout — " + err.message));
-        grid.classList.add("lx-stale"); fig.dataset.state = "invalid";
+        grid.replaceChildren(); legend.replaceChildren(); detail.replaceChildren();
+        fig.dataset.state = "invalid"; fig.dataset.layout = "";
+        X.captionNote(fig, true);
         return;
       }
       grid.classList.remove("lx-stale");
       fig.dataset.state = "ready";
       fig.dataset.layout = JSON.stringify({ world: st.world, tp: st.tp, cp: st.cp, ep: st.ep, pp: st.pp });
+      X.captionNote(fig, ["world", "tp", "cp", "ep", "pp", "show"].some((k) => st[k] !== (k === "world" ? config.world_size : config[k])));
       st.selected = Math.min(st.selected, st.world - 1);
       const groups = t.groups(st.show);
       const groupOf = new Map();
