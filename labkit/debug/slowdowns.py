@@ -1,13 +1,13 @@
 """Stragglers planted on gloo ranks, each selectable by name (``labkit.debug.STRAGGLERS``).
 
-Chapter "When training goes wrong", section "The slow rank". Each scenario slows one rank (or one
-link) of a small run by about :data:`DELAY` seconds per step, in one of four ways, on the layout
+Chapter "When training goes wrong", section "The slow rank". Each scenario slows one rank of a small
+run by :data:`DELAY` seconds per step (or every call on one link by :data:`LINK_DELAY`), in one of four ways, on the layout
 it needs; nothing in labkit's own code changes (what is patched is patched in the rank's process,
 for that run). ``Straggler.expect`` is what ``labkit.debug.stragglers.detect`` must name from the
 record of one run (tests/test_debug_stragglers.py proves it does, for each):
 
-    dp_slow_compute        DP2: rank 1 computes 0.4 s longer per step (a slow GPU, a hot node)
-    dp_data_stall          DP2: rank 0's data loader takes 0.4 s per step
+    dp_slow_compute        DP2: rank 1 computes 1 s longer per step (a slow GPU, a hot node)
+    dp_data_stall          DP2: rank 0's data loader takes 1 s per step
     dp4_slow_compute       DP4: rank 2 computes longer
     tp_dp_slow_compute     TP2 x DP2: rank 1 computes longer (its TP peer waits first, then DP)
     tp_dp_data_stall       TP2 x DP2: rank 3's data loader is slow
@@ -26,8 +26,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-DELAY = 0.4            # seconds per step: well above a loaded 2-core machine's jitter
-COST_PER_ROW = 0.003   # seconds per row an expert computes (ep_router_skew: compute follows load)
+DELAY = 1.0            # seconds per step: above a 2-core machine's jitter at a load of 30
+LINK_DELAY = 0.04      # seconds per call (or message batch) on a slow link: every one is slowed
+COST_PER_ROW = 0.006   # seconds per row an expert computes (ep_router_skew: compute follows load)
 ROUTER_BIAS = 10.0     # added to one expert's logit: it is in every token's top-k
 
 MODEL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, params_dtype="float32",
@@ -88,9 +89,9 @@ def _slow_collective_link(engine, groups, axis, armed, undo):
     import torch.distributed as dist
     original, pg = dist.all_reduce, groups[axis].pg
 
-    def all_reduce(*args, **kwargs):                     # this rank's side of the link is slow
-        if kwargs.get("group") is pg and armed.fire():
-            time.sleep(DELAY)
+    def all_reduce(*args, **kwargs):                     # this rank's side of the link is slow: every call
+        if kwargs.get("group") is pg:
+            time.sleep(LINK_DELAY)
         return original(*args, **kwargs)
     dist.all_reduce = all_reduce
     undo.append(lambda: setattr(dist, "all_reduce", original))
@@ -100,9 +101,9 @@ def _slow_p2p_link(engine, groups, peer, armed, undo):
     import torch.distributed as dist
     original = dist.batch_isend_irecv
 
-    def batch(ops):                                      # a send to ``peer`` crawls
-        if any(o.op is dist.isend and o.peer == peer for o in ops) and armed.fire():
-            time.sleep(DELAY)
+    def batch(ops):                                      # every send to ``peer`` crawls
+        if any(o.op is dist.isend and o.peer == peer for o in ops):
+            time.sleep(8 * LINK_DELAY)
         return original(ops)
     dist.batch_isend_irecv = batch
     undo.append(lambda: setattr(dist, "batch_isend_irecv", original))

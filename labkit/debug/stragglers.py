@@ -175,32 +175,39 @@ def _per_rank_excess(table: dict, key: str, its: list) -> dict:
 
 
 def _link_excess(records, table, calls, its) -> dict:
-    """{(group, ranks): median seconds per step the calls took after their last arrival, minus the
-    same for the least busy group (or link) of that name}. A group (or link) with no sibling of
-    its name has nothing to be compared with: it is left out (its time is the op's own cost)."""
-    busy = defaultdict(lambda: defaultdict(float))
+    """{(group, ranks): seconds per step a group's calls (or a link's messages) took after their last
+    arrival beyond its siblings' (the other groups of its axis, or links of its group, which make the
+    same calls in the same order): the median over calls of (its time - the least of all siblings'
+    at that call), times its calls per step. A median: a loaded machine's hiccups hit single calls,
+    a slow link every one. A group (or link) with no sibling is left out: nothing to compare with."""
+    took = defaultdict(dict)                      # (name, ranks) -> {k: seconds after the last arrival}
     for c in calls:
-        it = iteration_of(table, c.ranks[0], min(c.enter.values()))
-        if it in its:
-            busy[(c.group, tuple(sorted(c.ranks)))][it] += c.busy
-    batches = {}                                   # each receiving batch once: (link, its entry) -> lateness
+        if iteration_of(table, c.ranks[0], min(c.enter.values())) in its:
+            took[(c.group, tuple(sorted(c.ranks)))][c.seq] = c.busy
+    batches, order = {}, defaultdict(list)         # each receiving batch once, per direction of a link
     for name, src, dst, t_sent, r_in, r_out in messages(records):
         key = ((name + ":p2p", src, dst), r_in)
-        batches[key] = max(batches.get(key, 0.0), r_out - max(t_sent, r_in))
-    direction = defaultdict(lambda: defaultdict(float))
-    for ((name, src, dst), r_in), late in batches.items():
-        it = iteration_of(table, dst, r_in)
-        if it in its:
-            direction[(name, src, dst)][it] += late
-    for (name, src, dst), per_it in direction.items():  # a link: the slower of its two directions
-        pair = busy[(name, tuple(sorted((src, dst))))]
-        for it, s in per_it.items():
-            pair[it] = max(pair[it], s)
-    per = {k: statistics.median(v.get(it, 0.0) for it in its) for k, v in busy.items()}
-    floor, count = defaultdict(lambda: float("inf")), defaultdict(int)
-    for (name, _), s in per.items():
-        floor[name], count[name] = min(floor[name], s), count[name] + 1
-    return {k: s - floor[k[0]] for k, s in per.items() if count[k[0]] > 1}
+        if key not in batches and iteration_of(table, dst, r_in) in its:
+            order[key[0]].append(key)
+        if key in batches or iteration_of(table, dst, r_in) in its:
+            batches[key] = max(batches.get(key, 0.0), r_out - max(t_sent, r_in))
+    for (name, src, dst), keys in order.items():   # a link: the slower of its two directions, call by call
+        pair = took[(name, tuple(sorted((src, dst))))]
+        for k, key in enumerate(keys):
+            pair[k] = max(pair.get(k, 0.0), batches[key])
+    siblings = defaultdict(list)
+    for key in took:
+        siblings[key[0]].append(key)
+    out = {}
+    for name, keys in siblings.items():
+        if len(keys) < 2:
+            continue
+        common = set.intersection(*(set(took[k]) for k in keys))
+        floor = {k: min(took[key][k] for key in keys) for k in common}
+        for key in keys:
+            if common:
+                out[key] = statistics.median(took[key][k] - floor[k] for k in common) * len(common) / len(its)
+    return out
 
 
 def _rows_received(calls, rank: int) -> float:
