@@ -52,6 +52,8 @@ def _judge(data, scenario="dp_data_stall"):
     bad = failed(name, data, 'return {"rank": an int, "cause": "compute" or "data"}')
     if bad is not None:
         return bad
+    if type(data) is not dict or not {"rank", "cause"} <= data.keys():
+        return report(name, False, "not an answer this check takes", 'return {"rank": an int, "cause": "compute" or "data"}')
     want = STRAGGLERS[scenario].expect
     where = f"a run on {STRAGGLERS[scenario].world_size} ranks"
     if not same(data["rank"], want["rank"]):
