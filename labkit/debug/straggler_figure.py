@@ -4,7 +4,8 @@
 
 Per rank, one row: the data wait (grey), the time computing (teal) and the time inside labkit's
 calls (red: from entering a collective to leaving it), per step; a black tick where the rank
-entered its first collective of the step. The steps end together, the ticks do not.
+entered its first collective of the step; a white gap where a step begins. The steps end
+together, the ticks do not.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def timeline_figure(records: list[dict], iterations=(1, 2)):
             ax.broken_barh([(a - t0, b - a) for a, b in calls], (y - 0.3, 0.6), color=COMM)
             if calls:
                 ax.plot([calls[0][0] - t0] * 2, [y - 0.42, y + 0.42], color="black", lw=1.5)
+            ax.plot([begin - t0] * 2, [y - 0.3, y + 0.3], color="white", lw=2)      # where the step begins
     ax.set_yticks(range(len(records)))
     ax.set_yticklabels([f"rank {len(records) - 1 - i}" for i in range(len(records))])
     ax.set_xlabel("seconds")
