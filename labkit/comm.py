@@ -9,8 +9,14 @@ autograd-aware pairs built on them live beside the strategy that uses them
 Bytes are counted on ``group.stats`` per op as one rank sends them under the textbook algorithm
 (ring all-reduce 2(n-1)/n*N; all-gather, reduce-scatter, all-to-all (n-1)/n*N; N = full tensor).
 gloo has no ReduceOp.AVG on older PyTorch, so averages are a SUM followed by a division.
+
+Every call that communicates is also logged on ``group.log`` (:class:`~labkit.groups.CallLog`, a
+ring buffer that stays on): when it entered and when it returned on this rank. Across ranks, who
+entered last (and waited least) is a straggler (``labkit.debug.stragglers``).
 """
 from __future__ import annotations
+
+from time import perf_counter
 
 import torch
 import torch.distributed as dist
@@ -24,6 +30,13 @@ def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
 
 
+def _logged(group: Group, op: str, t_enter: float, nbytes: float = 0, peers=None) -> None:
+    """Log a call that entered at ``t_enter`` on the group's ring buffer (if it keeps one)."""
+    log = getattr(group, "log", None)
+    if log is not None:
+        log.add(op, t_enter, nbytes, peers)
+
+
 # ----------------------------------------------------------------------------------------------
 # Counted, out-of-place collectives
 # ----------------------------------------------------------------------------------------------
@@ -34,7 +47,9 @@ def all_reduce(group: Group, x: torch.Tensor, op: str = "sum") -> torch.Tensor:
     y = x.clone()
     n = group.size
     if n > 1:
+        t = perf_counter()
         dist.all_reduce(y, group=group.pg)
+        _logged(group, "all_reduce", t, _nbytes(x))
         group.stats.add("all_reduce", 2 * (n - 1) / n * _nbytes(x))
     return y / n if op == "mean" else y
 
@@ -46,7 +61,9 @@ def all_gather(group: Group, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         return x.clone()
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(n)]
+    t = perf_counter()
     dist.all_gather(parts, x, group=group.pg)
+    _logged(group, "all_gather", t, n * _nbytes(x))
     group.stats.add("all_gather", (n - 1) * _nbytes(x))  # = (n-1)/n * N, N = gathered size
     return torch.cat(parts, dim=dim)
 
@@ -60,7 +77,9 @@ def reduce_scatter(group: Group, x: torch.Tensor, dim: int = 0) -> torch.Tensor:
         raise ValueError(f"reduce_scatter: size {x.shape[dim]} of dim {dim} not divisible by {n}")
     chunks = [c.contiguous() for c in x.chunk(n, dim=dim)]
     out = torch.empty_like(chunks[0])
+    t = perf_counter()
     dist.reduce_scatter(out, chunks, group=group.pg)
+    _logged(group, "reduce_scatter", t, _nbytes(out))
     group.stats.add("reduce_scatter", (n - 1) / n * _nbytes(x))
     return out
 
@@ -79,7 +98,9 @@ def all_to_all(group: Group, x: torch.Tensor, output_split_sizes=None, input_spl
     outs_rows = list(output_split_sizes or [ins[0].shape[0]] * n)
     out = x.new_empty((sum(outs_rows), *x.shape[1:]))
     # the single-tensor form: gloo's list form needs equal chunks, expert dispatch has uneven ones
-    dist.all_to_all_single(out, x.contiguous(), outs_rows, [t.shape[0] for t in ins], group=group.pg)
+    t0 = perf_counter()
+    dist.all_to_all_single(out, x.contiguous(), outs_rows, [c.shape[0] for c in ins], group=group.pg)
+    _logged(group, "all_to_all", t0, _nbytes(out))        # what arrived: an expert's load
     group.stats.add("all_to_all", sum(_nbytes(t) for j, t in enumerate(ins) if j != group.rank))
     return out
 
@@ -89,7 +110,9 @@ def broadcast(group: Group, x: torch.Tensor, src: int = 0) -> torch.Tensor:
     n = group.size
     y = x.clone()
     if n > 1:
+        t = perf_counter()
         dist.broadcast(y, src=group.global_rank(src), group=group.pg)
+        _logged(group, "broadcast", t, _nbytes(x))
         # pipelined chain src -> src+1 -> ...: every rank but the last in the chain forwards N
         if (group.rank - src) % n != n - 1:
             group.stats.add("broadcast", _nbytes(x))
@@ -119,10 +142,15 @@ def _device(device=None) -> torch.device:
 def _batch(group: Group, ops) -> None:
     """Post ``ops`` [(isend|irecv, tensor, group rank)] together, wait for all of them."""
     if ops:
+        t0 = perf_counter()
         reqs = dist.batch_isend_irecv([dist.P2POp(op, t, group.global_rank(peer), group.pg)
                                        for op, t, peer in ops])
         for req in reqs:
             req.wait()
+        # peers: (global ranks sent to, global ranks received from), one per message
+        _logged(group, "p2p", t0, sum(_nbytes(x) for op, x, _ in ops if op is dist.isend),
+                (tuple(group.global_rank(p) for op, _, p in ops if op is dist.isend),
+                 tuple(group.global_rank(p) for op, _, p in ops if op is not dist.isend)))
 
 
 def send(group: Group, x: torch.Tensor, dst: int) -> None:

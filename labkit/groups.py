@@ -1,8 +1,8 @@
 """Process groups derived from a Topology, each carrying its own communication counters.
 
 A :class:`Group` is what every collective in :mod:`labkit.comm` takes as its first argument: the
-torch ProcessGroup, this rank's index in it, and a :class:`CommStats` that counts calls and bytes
-per op. There is no module-level registry: the counters live on the group object you hold, so a
+torch ProcessGroup, this rank's index in it, a :class:`CommStats` that counts calls and bytes
+per op, and a :class:`CallLog` of when each of its last calls entered and returned. There is no module-level registry: the counters live on the group object you hold, so a
 lab reads ``groups["tp"].stats`` and a test that builds new groups starts from zero.
 
     topo = Topology(8, tp=2, pp=2)
@@ -11,6 +11,7 @@ lab reads ``groups["tp"].stats`` and a test that builds new groups starts from z
 """
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -49,6 +50,40 @@ class CommStats:
         return sum(self.bytes.values())
 
 
+class CallLog:
+    """The last ``size`` calls this rank made on one group: a ring buffer that stays on (chapter
+    "When training goes wrong", section "The slow rank").
+
+    Each entry is ``(seq, op, t_enter, t_exit, nbytes, peers)``: ``seq`` counts the group's calls
+    from 0 (the same call has the same ``seq`` on every member: labkit issues collectives in the
+    same order on every rank), the two times are ``time.perf_counter()`` (CLOCK_MONOTONIC: one
+    clock for every process of a machine), ``nbytes`` what this rank received (collectives) or
+    sent (p2p), ``peers`` the global ranks of a p2p batch's sends and receives. Overhead: two clock
+    reads and one list store per call (tests/bench_call_log.py). On a GPU the times are the host's:
+    when the call was issued and when it returned, not when NCCL's kernel ran.
+    """
+
+    __slots__ = ("size", "buf", "seq", "clock")
+
+    def __init__(self, size: int = 4096):
+        self.size, self.buf, self.seq, self.clock = size, [None] * size, 0, time.perf_counter
+
+    def add(self, op: str, t_enter: float, nbytes: float = 0, peers=None) -> None:
+        """Record a call that entered at ``t_enter`` and returns now."""
+        self.buf[self.seq % self.size] = (self.seq, op, t_enter, self.clock(), nbytes, peers)
+        self.seq += 1
+
+    def entries(self) -> list[tuple]:
+        """The kept entries, oldest first (at most ``size``)."""
+        if self.seq <= self.size:
+            return self.buf[:self.seq]
+        i = self.seq % self.size
+        return self.buf[i:] + self.buf[:i]
+
+    def clear(self) -> None:
+        self.buf, self.seq = [None] * self.size, 0
+
+
 @dataclass(eq=False)
 class Group:
     """One process group as seen from this rank."""
@@ -57,6 +92,7 @@ class Group:
     ranks: tuple[int, ...]
     pg: object | None  # torch ProcessGroup; None for a group of one rank (no communication)
     stats: CommStats = field(default_factory=CommStats)
+    log: CallLog | None = field(default_factory=CallLog)   # None: calls not logged (bookkeeping)
 
     @property
     def size(self) -> int:
@@ -156,7 +192,7 @@ def expert_grad_reduce_group(groups: dict[str, Group]) -> Group:
 def uncounted(group: Group) -> Group:
     """The same process group with its own, separate counters: for logging and checks, so the
     bytes a lab compares with labkit.calc are training traffic only."""
-    return Group(group.name + ":bookkeeping", group.ranks, group.pg)
+    return Group(group.name + ":bookkeeping", group.ranks, group.pg, log=None)
 
 
 def world_group() -> Group:

@@ -28,6 +28,7 @@ from . import describe_mismatch, report
 from .hints import asker
 from .spec import Spec, call, failed, run
 from .compare import number, same
+from .stragglers import STRAGGLER, name_the_straggler, straggler_record  # noqa: F401 - the lab's fourth exercise
 
 HANGS = [("skipped_collective", 0), ("skipped_collective", 1), ("send_without_recv", 0), ("send_without_recv", 1)]
 WAITS = {"skipped_collective": "all_reduce", "send_without_recv": "send"}   # what the other rank waits in
@@ -269,5 +270,5 @@ def hang_diagnosis(answer: dict, seed: int):
     return run(HANG, {"diagnosis": answer, "seed": seed})
 
 
-SPECS = {s.id: s for s in (PLANTED_BUG, RESHARD, HANG)}
+SPECS = {s.id: s for s in (PLANTED_BUG, RESHARD, HANG, STRAGGLER)}
 hint = asker(SPECS)

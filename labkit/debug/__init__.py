@@ -8,6 +8,8 @@ probe=make)`` calls ``make(model)``; the probe made is told ``begin(iteration)``
     first_divergence(world_size, **layout)  where a run first differs from one device (divergence.py)
     BUGS                                    planted bugs, selectable by name: inject="..." (bugs.py)
     hang_report / HANGS                     hangs as gloo really behaves, and how to find them (hangs.py)
+    STRAGGLERS, detect                      planted slow ranks and links, and the detector that names
+                                            them from one run's record (slowdowns.py, stragglers.py)
     check_nan                               Megatron's --check-for-nan-in-loss-and-grad (nan.py)
     GradHistory, crash_during_save          a reference-side gradient log; a save killed halfway
 
@@ -23,6 +25,7 @@ _LAZY = {
     "check_nan": "nan", "plant_nan": "nan", "chain": "nan",
     "GradHistory": "probes", "crash_during_save": "probes",
     "waits_from_stacks": "stacks",
+    "STRAGGLERS": "slowdowns", "run_straggler": "slowdowns", "detect": "stragglers", "StepClock": "stragglers",
 }
 __all__ = sorted(_LAZY)
 
