@@ -105,3 +105,14 @@ def test_attention_is_compute_bound_and_the_norm_memory_bound():
     assert ops["attention"].intensity > r > ops["norm"].intensity
     assert ops["norm"].intensity == pytest.approx(1.0)
     assert math.isinf(rl.Op("z", "gemm", 1.0, 0.0).intensity)
+
+
+def test_layout_links_follow_megatron_order():
+    c = calc.CLUSTERS["dgx-h100"]
+    links = rl.layout_links(c, {"tp": 8, "cp": 2, "dp": 4})
+    assert links["tp"] == (c.intra_node_bandwidth, "NVLink")          # 8 consecutive ranks: one node
+    assert links["cp"] == (c.inter_node_bandwidth / 8, "network")    # one member per node
+    assert links["dp"][1] == "network" and "ep" not in links
+    inside = rl.layout_links(c, {"tp": 2, "cp": 2, "dp": 2})
+    assert {name for _, name in inside.values()} == {"NVLink"}       # 8 ranks: all in one node
+    assert rl.layout_links(c, {"tp": 16})["tp"] == (c.link(16, 16)[0], "network")

@@ -49,3 +49,16 @@ def test_bad_arguments():
         F.ring_frames("all_reduce", 1)
     with pytest.raises(ValueError):
         F.zero_frames(4)
+
+
+def test_landing_page_axes_figure_is_current():
+    """book/_static/moving/axes.svg (book/intro.md) is what labkit.figures.axes draws today."""
+    from pathlib import Path
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from labkit.figures import axes, smallest_label_px, svg
+    drawn = svg(axes.fig_axes())
+    stored = (Path(__file__).resolve().parent.parent / "book" / "_static" / "moving" / "axes.svg").read_text()
+    assert stored == drawn, "redraw it: python -c \"from labkit.figures import axes, svg; ...\""
+    assert smallest_label_px(drawn) >= 9.0

@@ -184,7 +184,19 @@ def crossover(axis: str, n: int, peak_flops: float, bandwidth: float, bytes_per_
             "ep": 2 * e / (3 * (gate + 1)) * share * R}[axis]
 
 
-def axis_bandwidth(cluster, axis_span: int, axis_size: int) -> float:
-    """Bytes/s per rank of a group of ``axis_size`` ranks over ``axis_span`` consecutive ranks
-    (Megatron's order: TP innermost, then CP, then DP / EP): ``Cluster.link``'s bandwidth."""
-    return cluster.link(axis_span, axis_size)[0]
+def layout_links(cluster, layout: dict) -> dict:
+    """{axis: (bytes/s per rank, "NVLink" | "network")} for each axis of ``layout`` larger than 1.
+
+    Megatron's rank order puts TP innermost, then CP, then DP (or FSDP); the EP group takes TP x EP
+    consecutive ranks. A group of ``size`` ranks over ``span`` consecutive ranks gets
+    ``Cluster.link(span, size)``: NVLink inside a node, else its share of the node's NICs."""
+    tp, cp, ep = (layout.get(a, 1) for a in ("tp", "cp", "ep"))
+    spans = {"tp": (tp, tp), "cp": (tp * cp, cp), "ep": (tp * ep, ep)}
+    for axis in ("dp", "fsdp"):
+        spans[axis] = (tp * cp * layout.get(axis, 1), layout.get(axis, 1))
+    out = {}
+    for axis, (span, size) in spans.items():
+        if size > 1:
+            inside = cluster.gpus_per_node % span == 0
+            out[axis] = (cluster.link(span, size)[0], "NVLink" if inside else "network")
+    return out

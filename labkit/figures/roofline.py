@@ -49,20 +49,25 @@ def _link_bandwidths(cluster):
             "network": cluster.inter_node_bandwidth / cluster.gpus_per_node}
 
 
-def fig_layer_ops(model, cluster, layout: dict, micro_batch_size=1, num_microbatches=1, links=None):
-    """The forward ops of one layer (circles, on the HBM roof) and the layout's collectives
-    (diamonds, on the roof of the link each runs on: ``links`` {axis: "NVLink" | "network"})."""
-    gpu, bws = cluster.gpu, _link_bandwidths(cluster)
+def fig_layer_ops(model=None, cluster=None, layout=None, micro_batch_size=1, num_microbatches=8):
+    """(Defaults: Llama 3 70B on DGX H100 nodes, TP 8, CP 2, DP 8.) The forward ops of one layer (circles, on the HBM roof) and the layout's collectives
+    (diamonds, each on the roof of the bandwidth its group gets: ``rl.layout_links``)."""
+    from ..calc import model as preset
+    model, cluster = model or preset("llama3-70b"), cluster or CLUSTERS["dgx-h100"]
+    layout = layout or {"tp": 8, "cp": 2, "dp": 8}
+    gpu, links = cluster.gpu, rl.layout_links(cluster, layout)
+    roofs = {"HBM": gpu.hbm_bandwidth, **{f"{name} {bw / 1e9:.0f} GB/s": bw for bw, name in links.values()}}
     fig, ax = new(5.0, 3.4)
-    for name, bw in bws.items():
+    for name, bw in roofs.items():
         ax.loglog(INTENSITIES, [rl.attainable_flops(i, gpu.peak_flops, bw) / 1e12 for i in INTENSITIES],
-                  color=LINK_COLORS[name], label=f"{name} roof, ridge {gpu.peak_flops / bw:,.0f}")
+                  color=LINK_COLORS[name.split()[0]],
+                  label=f"{name}, ridge {gpu.peak_flops / bw:,.0f}")
     ops = rl.layer_ops(model, layout.get("tp", 1), layout.get("cp", 1), micro_batch_size, ep=layout.get("ep", 1))
     comms = rl.comm_ops(model, layout, micro_batch_size, num_microbatches=num_microbatches)
     top = 0
     for op in sorted(ops + comms, key=lambda o: o.intensity):
-        where = "HBM" if op.kind != "collective" else (links or {}).get(op.memory, "network")
-        y = rl.attainable_flops(op.intensity, gpu.peak_flops, bws[where]) / 1e12
+        bw, where = (gpu.hbm_bandwidth, "HBM") if op.kind != "collective" else links[op.memory]
+        y = rl.attainable_flops(op.intensity, gpu.peak_flops, bw) / 1e12
         ax.plot([op.intensity], [y], "D" if op.kind == "collective" else "o", color=LINK_COLORS[where],
                 markeredgecolor="black", markersize=7, zorder=3)
         if y < gpu.peak_flops / 1e12 * 0.99:        # below its roof: the label beside the point
@@ -88,9 +93,10 @@ AXIS_STYLE = (("tp", "TP: hidden size h", "NVLink"), ("cp", "CP: sequence s (GQA
               ("fsdp", "FSDP: tokens/GPU/step", "network"))
 
 
-def fig_crossovers(cluster, sizes=range(2, 17)):
+def fig_crossovers(cluster=None, sizes=range(2, 17)):
     """The crossover of each axis against its group size n on ``cluster``: TP over NVLink, the
     others over the network. Above its line an axis hides its traffic behind its compute."""
+    cluster = cluster or CLUSTERS["dgx-h100"]
     gpu, bws = cluster.gpu, _link_bandwidths(cluster)
     fig, ax = new(5.0, 3.6)
     ns = list(sizes)
