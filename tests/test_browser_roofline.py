@@ -38,6 +38,7 @@ def _open(site, page, width, reduced=False):
     pg.errors = []
     pg.on("pageerror", lambda e: pg.errors.append(str(e)))
     pg.on("console", lambda m: m.type == "error" and pg.errors.append(m.text))
+    pg.set_default_timeout(120_000)        # a loaded 2-core machine: slow, not broken
     pg.goto(base + page, wait_until="load")
     return pg
 
@@ -57,7 +58,7 @@ def _layouts(n=5, seed=36):
     """Random valid layouts of the explorer's models; sizes that are not powers of two included."""
     rnd = random.Random(seed)
     out = [dict(model="gpt3-175b", gpu="dgx-a100", s=2048, b=2, m=3, tp=6, cp=1, ep=1, dp=5, fsdp=False),
-           dict(model="mixtral-8x7b", gpu="dgx-b200", s=4096, b=1, m=2, tp=2, cp=3, ep=4, dp=4, fsdp=True)]
+           dict(model="mixtral-8x7b", gpu="dgx-b200", s=6144, b=1, m=2, tp=2, cp=3, ep=4, dp=4, fsdp=True)]
     while len(out) < n:
         name = rnd.choice(["llama3-8b", "llama3-70b", "gpt3-175b", "deepseek-moe-16b"])
         m = calc.model(name)
@@ -156,7 +157,7 @@ def test_player_frames_advance_when_played(site, width):  # noqa: F811
     fig.locator(".mv-back").click()
     assert _frame(fig) == 0 and fig.locator(".mv-text").inner_text() != text
     fig.locator(".mv-play").click()
-    pg.wait_for_function("f => +f.dataset.frame >= 2", arg=fig.element_handle(), timeout=8000)
+    pg.wait_for_function("f => +f.dataset.frame >= 2", arg=fig.element_handle(), timeout=60_000)
     assert pg.evaluate("() => getComputedStyle(document.querySelector('.labkit-player .mv-cell rect')).transitionDuration") != "0s"
     zero = _open(site, "book/data-parallel.html", width)
     fz = zero.locator("figure.labkit-player").first
@@ -185,5 +186,5 @@ def test_player_honours_reduced_motion(site, width):  # noqa: F811
     moving = _open(site, "book/collectives.html", width)      # motion welcome: it starts when seen
     f2 = moving.locator("figure.labkit-player").first
     f2.scroll_into_view_if_needed()
-    moving.wait_for_function("f => +f.dataset.frame >= 1", arg=f2.element_handle(), timeout=8000)
+    moving.wait_for_function("f => +f.dataset.frame >= 1", arg=f2.element_handle(), timeout=60_000)
     moving.context.close()
