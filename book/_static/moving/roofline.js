@@ -152,6 +152,9 @@
         g.appendChild(el("text", {x: 7, y: -5 + (i % 2) * 13, class: "lx-tick"}, o.name));
         opsG.appendChild(g);
       }
+      const right = X(o.intensity) > x0 + pw * 0.55, label = g.lastChild;   // labels stay inside the plot
+      label.setAttribute("x", right ? -7 : 7);
+      label.setAttribute("text-anchor", right ? "end" : "start");
       const col = COLORS[o.link];
       g.firstChild.setAttribute("fill", col);
       const y = Y(Math.min(r.peak, o.intensity * o.bw));
