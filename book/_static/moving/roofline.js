@@ -115,7 +115,7 @@
   function draw(svg, r) {
     const W = 360, H = 250, x0 = 46, y0 = 12, pw = W - x0 - 10, ph = H - 44;
     const lx = [0, 5], ly = [Math.log10(r.peak) - 3.5, Math.log10(r.peak) + 0.3];
-    const X = (i) => x0 + (Math.log10(Math.max(i, 1)) - lx[0]) / (lx[1] - lx[0]) * pw;
+    const X = (i) => x0 + (Math.min(Math.log10(Math.max(i, 1)), lx[1]) - lx[0]) / (lx[1] - lx[0]) * pw;   // clamped to the plot
     const Y = (f) => y0 + ph - (Math.log10(Math.max(f, 10 ** ly[0])) - ly[0]) / (ly[1] - ly[0]) * ph;
     if (!svg.firstChild) {
       svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
@@ -139,7 +139,7 @@
     [["HBM", r.hbm], ["NVLink", r.nvlink], ["network", r.nic]].forEach(([name, bw], i) => {
       const ridge = r.peak / bw, a = 10 ** lx[0];
       roofs.appendChild(el("polyline", {points: `${X(a)},${Y(a * bw)} ${X(ridge)},${Y(r.peak)} ${X(10 ** lx[1])},${Y(r.peak)}`, class: "rl-roof", stroke: COLORS[name]}));
-      roofs.appendChild(el("text", {x: Math.min(X(ridge) + 3, x0 + pw - 60), y: Y(r.peak) + 13 + 12 * i, class: "lx-tick", fill: COLORS[name]}, `${name} ridge ${fmt(ridge)}`));
+      roofs.appendChild(el("text", {x: x0 + pw, y: y0 + ph - 6 - 13 * (2 - i), "text-anchor": "end", class: "lx-tick", fill: COLORS[name]}, `${name} ridge ${fmt(ridge)}`));
     });
     const all = [...r.ops, ...r.comms], seen = new Set();
     for (const g of [...opsG.children]) if (!all.some((o) => o.name === g.dataset.op)) g.remove();
