@@ -174,6 +174,13 @@ def send_to_parent(obj) -> None:
         print(obj, flush=True)
 
 
+# What a rank of labkit.train imports besides torch (inside functions): imported once in the
+# forkserver, every rank forked from it has them (0.2-0.3 s of CPU per rank; measured 2026-11-28)
+RANK_MODULES = ("labkit.training", "labkit.model", "labkit.parallelize", "labkit.checkpoint.run",
+                "labkit.data", "labkit.data_parallel.wrap", "labkit.tensor_parallel.plan",
+                "labkit.tensor_parallel.vocab_parallel", "labkit.tensor_parallel.sequence_parallel",
+                "labkit.expert_parallel.metrics", "labkit.moe_stats")
+
 # --------------------------------------------------------------------------------------------
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
            collective_timeout: float = DEFAULT_COLLECTIVE_TIMEOUT, allow_tf32: bool = False,
@@ -203,9 +210,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                           timeout=datetime.timedelta(seconds=timeout))
     ctx = mp.get_context("forkserver")
     # torch._dynamo: every torch.optim optimizer imports it on construction (torch/_compile.py),
-    # 1-2 s of CPU per rank; imported once in the forkserver, every forked rank has it for free
+    # 1-2 s of CPU per rank; imported once in the forkserver, every forked rank has it for free.
+    # RANK_MODULES likewise, for the ranks of labkit.train (and of most tests and labs)
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "cloudpickle",
-                                "labkit.launch_rank"])
+                                "labkit.launch_rank", *RANK_MODULES])
     results_q = ctx.Queue()
     payload = cloudpickle.dumps((fn, args, kwargs))
     # rank output: files without a name (nothing to clean up after a kill); ranks write through a

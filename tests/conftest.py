@@ -113,3 +113,51 @@ def gpu_skips(items) -> None:
         if n < need:
             item.add_marker(pytest.mark.skip(
                 reason=f"needs {need} CUDA device(s), found {n}: NCCL path runs on a GPU node only"))
+
+
+# ---- -n 2 --dist loadscope: the heaviest modules and notebooks first ---------------------------
+# xdist's loadscope hands out one scope (a test module, a notebook) at a time to the worker that runs
+# out, in order of the number of tests (most first). A scope with few tests but a long run (a notebook
+# of 8 cells that trains, two torchrun agents in one test) then comes last, and the other worker
+# waits idle for it. Ordered by expected seconds instead (greedy longest-first), the last scopes
+# are the short ones and the two workers end together. Only the order changes: every scope runs.
+# Expected seconds (a rough model, not measured per scope: only the order depends on it): a notebook
+# 15 s to start (a kernel importing torch, its ranks' forkserver importing it again, measured 7 s of
+# CPU each) plus 1.5 s per cell; a test module that starts processes 10 s plus 3 s per test; any
+# other module 0.2 s per test. SCOPE_SECONDS overrides it for a scope (seconds from `--durations`).
+SCOPE_SECONDS: dict[str, float] = {}
+STARTS_PROCESSES = ("launch(", "labkit.train(", "subprocess", "torch.distributed.run", "run_hang(")
+
+
+def scope_seconds(scope: str, tests: int) -> float:
+    if scope in SCOPE_SECONDS:
+        return SCOPE_SECONDS[scope]
+    if scope.endswith(".ipynb"):
+        return 15.0 + 1.5 * tests
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), scope.split("::")[0])
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return 0.2 * tests
+    return 10.0 + 3.0 * tests if any(s in text for s in STARTS_PROCESSES) else 0.2 * tests
+
+
+@pytest.hookimpl(optionalhook=True)         # a hook of pytest-xdist (requirements.txt)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirst(LoadScopeScheduling):
+        ordered = False
+
+        def _assign_work_unit(self, node):
+            if not self.ordered:            # the first call: xdist has just filled its queue
+                self.ordered = True
+                order = sorted(self.workqueue.items(), key=lambda kv: -scope_seconds(kv[0], len(kv[1])))
+                self.workqueue.clear()
+                self.workqueue.update(order)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
