@@ -46,9 +46,9 @@ class Quantized:
         s = self.scale_inv.float().repeat_interleave(bm, 0).repeat_interleave(bn, 1)
         return s[: self.data.shape[0], : self.data.shape[1]]
 
-    def dequantize(self) -> torch.Tensor:
-        """data * scale_inv in fp32."""
-        return self.data.float() * self.expanded_scale_inv()
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """data * scale_inv in ``dtype`` (fp32: what torch._scaled_mm computes on the CPU)."""
+        return self.data.to(dtype) * self.expanded_scale_inv().to(dtype)
 
     @property
     def nbytes(self) -> int:
