@@ -21,7 +21,7 @@ import sys
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return "--" + {"fp8": "fp8-format"}.get(name, name.replace("_", "-"))   # Megatron's dest fp8
 
 
 def train_parser() -> argparse.ArgumentParser:

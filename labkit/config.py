@@ -60,6 +60,14 @@ class TrainConfig(ArchArgs, MoEArgs):
     loss_scale_window: float = 1000          # clean iterations before the dynamic scale grows
     hysteresis: int = 2                      # overflows since the last growth (not in a row) before it halves
     accumulate_allreduce_grads_in_fp32: bool = False   # fp16: fp32 main_grad (bf16: always)
+    # FP8 GEMMs in the transformer layers' linear layers (labkit.fp8.linear); Megatron's names:
+    # fp8 is --fp8-format ("e4m3" | "hybrid"; None: off)
+    fp8: str | None = None
+    fp8_recipe: str = "delayed"              # tensorwise | delayed | blockwise | mxfp8
+    fp8_amax_history_len: int = 1
+    fp8_amax_compute_algo: str = "most_recent"   # or "max"
+    fp8_margin: int = 0
+    tp_only_amax_red: bool = False           # amaxes over tp (x cp) only, not dp (Megatron-Core's config field)
     # activation recomputation (labkit.recompute)
     recompute_granularity: str | None = None   # "full" or "selective"
     recompute_method: str | None = None        # full: "uniform" or "block"
@@ -240,6 +248,15 @@ def _check_precision(cfg: TrainConfig) -> None:
     if cfg.loss_scale is not None and cfg.loss_scale <= 0:
         raise ValueError(f"loss_scale must be > 0 (None: dynamic), got {cfg.loss_scale!r}")
     _positive("hysteresis", cfg.hysteresis)
+    if cfg.fp8 is not None:
+        from .fp8.linear import FP8Recipe
+        FP8Recipe.from_config(cfg)           # the values (ValueError naming the bad one)
+        if sixteen:
+            raise ValueError(f"fp8 with {sixteen}: labkit's FP8 emulation keeps everything but the "
+                             f"linear layers' GEMMs in params_dtype (float32 or float64)")
+        if cfg.fp8_recipe == "delayed" and cfg.recompute_granularity is not None:
+            raise ValueError("fp8_recipe 'delayed' with recompute: the recomputed forward would record "
+                             "its amaxes twice (labkit keeps one history update per forward)")
 
 
 def _check_recompute(cfg: TrainConfig) -> None:

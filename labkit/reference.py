@@ -57,6 +57,14 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     gbs = cfg.global_batch(topo)
     losses, norms, grads, moe = [], [], None, []
     m = gbs // cfg.micro_batch_size if cfg.num_experts is not None else 1
+    if cfg.fp8 is not None:     # FP8: one scale per tensor of a global microbatch (mbs x dp samples,
+        from .fp8.linear import FP8Recipe, apply     # what the amax reduction over dp makes one)
+        apply([model], FP8Recipe.from_config(cfg))
+        m = gbs // (cfg.micro_batch_size * topo.dp)
+    # FP8: backpropagate what a dp (x cp) rank does (its own mean, d times the global one; Megatron
+    # averages the gradients after the backward), so each gradient's amax is the same and a scale
+    # starting at 1 (delayed) flushes the same subnormals; the gradients are divided back after
+    k = topo.dp * topo.cp if cfg.fp8 is not None else 1     # (cp: each rank its tokens' mean too)
     for layer in moe_layers(model):
         layer.router.aux_loss_scale = 1.0 / m
     attach(model)                       # the MoE values labkit.train logs
@@ -72,8 +80,10 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
         loss = 0.0
         for x, y in zip(inputs.chunk(m), labels.chunk(m)):   # m = 1 for a dense model
             mb_loss = model.loss(x, y) / m
-            mb_loss.backward()
+            (mb_loss * k if k != 1 else mb_loss).backward()
             loss = loss + mb_loss.detach()
+        for p in model.parameters() if k != 1 else ():
+            p.grad /= k
         if cfg.num_experts is not None:
             moe.append(summarize(stats_table(model, cfg.num_layers, cfg.num_experts), cfg, 1, 1, m))
         if capture_grads and it == 0:

@@ -71,6 +71,8 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     from .native.options import check_native, resolve
     megatron = isinstance(implementation, str) and implementation == "megatron"
     native = None if megatron else resolve(implementation)
+    if cfg.fp8 is not None and (megatron or native is not None):
+        raise ValueError("fp8 runs on labkit's own implementation (labkit.fp8 emulates the FP8 GEMMs)")
     if megatron:
         from .megatron.options import check_megatron, require_installed
         check_megatron(cfg, world_size)         # a named rule for what Megatron cannot run here

@@ -67,6 +67,8 @@ QUICK = (
     "tests/test_data.py", "tests/test_debug_checks.py",
     "tests/test_debug_stragglers.py::test_call_log", "tests/test_debug_stragglers.py::test_detector_on_a_made_up",
     "tests/test_debug_stragglers.py::test_no_straggler_in_a_made_up", "tests/test_debug_stragglers.py::test_messages",
+    "tests/test_fp8_emulation.py",
+    "tests/test_megatron_rules.py",
     # the book's build checks: glossary, numbers in prose, figures' style, explorers, notebook tooling
     "tests/test_glossary.py", "tests/test_book_numbers.py", "tests/test_figures_style.py",
     "tests/test_book_explorers.py", "tests/test_notebooks.py",

@@ -10,7 +10,8 @@ import dataclasses
 from ..training import TrainConfig
 
 # fields that are labkit's own (no Megatron flag of that name) or need translating
-_NOT_MEGATRON = {"params_dtype", "zero_stage", "pipeline_schedule"}
+_NOT_MEGATRON = {"params_dtype", "zero_stage", "pipeline_schedule",
+                 "tp_only_amax_red"}   # a TransformerConfig field of Megatron-Core, no flag at d98e8a64
 
 # ZeRO stage -> Megatron flags. Stage 1: the distributed optimizer (optimizer state sharded over
 # DP; it also reduce-scatters the gradients). Stages 2 and 3: Megatron-FSDP with its sharding
@@ -65,7 +66,7 @@ def to_flags(config: TrainConfig | dict, steps: int | None = None, seed: int | N
         if isinstance(value, bool):      # the switch storing this value (False: --disable-bias-linear)
             flags.append(_switch(f.name, value))
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = "--" + {"fp8": "fp8-format"}.get(f.name, f.name.replace("_", "-"))
         # moe_layer_freq: "[0,1,0,1]", no spaces (Megatron's moe_freq_type refuses them)
         text = "[" + ",".join(str(int(v)) for v in value) + "]" if isinstance(value, tuple) else str(value)
         flags += [flag, text]

@@ -29,6 +29,12 @@ from . import tp_comm
 from .sequence_parallel import linear_with_sequence_regather
 
 
+def _linear(module, x, w, b=None):
+    """F.linear, or the layer's FP8 GEMMs when labkit.fp8 gave it quantizers (``module.fp8``)."""
+    fp8 = getattr(module, "fp8", None)
+    return F.linear(x, w, b) if fp8 is None else fp8.linear(x, w, b)
+
+
 def divide(n: int, t: int, what: str) -> int:
     if n % t:
         raise ValueError(f"{what} {n} is not divisible by tensor_model_parallel_size {t}")
@@ -82,7 +88,7 @@ class ColumnParallelLinear(nn.Module):
         else:
             x = (tp_comm.gather_from_sequence(self.group, x) if self.sequence_parallel   # g
                  else tp_comm.copy_to(self.group, x))                                     # f
-            y = F.linear(x, w, self.bias)                   # [b, s, out/t]: no communication
+            y = _linear(self, x, w, self.bias)              # [b, s, out/t]: no communication
         return tp_comm.gather_from(self.group, y, -1) if self.gather_output else y
 
 
@@ -106,7 +112,7 @@ class RowParallelLinear(nn.Module):
         return cls(_slice(linear.weight, entry, 1, group, "input features"), linear.bias, group, **kw)
 
     def forward(self, x):                                  # x: [b, s, in/t]
-        partial = F.linear(x, self.weight)                 # [b, s, out]: this rank's share of the sum
+        partial = _linear(self, x, self.weight)            # [b, s, out]: this rank's share of the sum
         if self.sequence_parallel:
             y = tp_comm.reduce_scatter_to_sequence(self.group, partial)  # g-bar: [b, s/t, out]
         else:

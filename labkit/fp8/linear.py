@@ -1,0 +1,174 @@
+"""FP8 at runtime: a linear layer's three GEMMs in FP8, fp32 (or float64) master weights.
+
+Megatron-LM's ``--fp8-format e4m3|hybrid --fp8-recipe tensorwise|delayed|blockwise|mxfp8
+--fp8-amax-history-len L --fp8-amax-compute-algo max|most_recent --fp8-margin M`` (Transformer
+Engine's linear layers), emulated: each GEMM operand is quantized with the recipe, dequantized,
+and multiplied in the activations' precision (fp32, or float64 in parity tests), which is what
+``torch._scaled_mm`` does on the CPU. The parameters stay in high precision (the master weights);
+only the transformer layers' linear layers (roles qkv, proj, fc1, fc2) run in FP8, as in Megatron.
+
+    GEMM    operand A [rows, reduction]      operand B [cols, reduction]    format (hybrid)
+    fprop   x    [T, K]                      w    [N, K]                    E4M3 x E4M3
+    dgrad   dy   [T, N]                      w^T  [K, N]                    E5M2 x E4M3
+    wgrad   dy^T [N, T]                      x^T  [K, T]                    E5M2 x E4M3
+
+Blockwise and MXFP8 blocks run along each GEMM's reduction dim, so x, w and dy are quantized
+twice ("rowwise" and "columnwise", as Transformer Engine does); a per-tensor scale serves both.
+
+Amax reduction: a per-tensor scale must be the one a single device would compute from the WHOLE
+tensor, so each amax is reduced (max) over ``amax_group``, the ranks that share the tensor. As
+Megatron does (``get_amax_reduction_group``: tp x dp x cp), labkit reduces over every rank of the
+pipeline stage: TP shards (a sharded weight, a row-parallel input, SP activations), DP and CP
+shards of the batch. Block scales are local to a block and need no reduction (blocks must not
+straddle shards). Without the reduction (``amax_group=None``) a parallel run drifts from the
+one-device run: the negative control of tests/test_fp8_runtime.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .formats import FP8_FORMATS
+from .scaling import (DelayedScaling, Quantized, current_scale, quantize_blockwise, quantize_mxfp8,
+                      quantize_with_scale)
+
+FP8_ROLES = ("qkv", "proj", "fc1", "fc2")
+RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
+ROLES = ("input", "weight", "grad_output")
+
+
+@dataclass(frozen=True)
+class FP8Recipe:
+    """Megatron's FP8 arguments (defaults: Megatron's, except fp8_format which turns FP8 on)."""
+    fp8_format: str = "hybrid"
+    fp8_recipe: str = "delayed"
+    fp8_amax_history_len: int = 1
+    fp8_amax_compute_algo: str = "most_recent"
+    fp8_margin: int = 0
+
+    def __post_init__(self):
+        if self.fp8_format not in FP8_FORMATS:
+            raise ValueError(f"fp8_format must be one of {sorted(FP8_FORMATS)}, got {self.fp8_format!r}")
+        if self.fp8_recipe not in RECIPES:
+            raise ValueError(f"fp8_recipe must be one of {list(RECIPES)}, got {self.fp8_recipe!r}")
+        if self.fp8_amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError(f"fp8_amax_compute_algo is 'max' or 'most_recent', not {self.fp8_amax_compute_algo!r}")
+        if self.fp8_amax_history_len < 1 or self.fp8_margin < 0:
+            raise ValueError("fp8_amax_history_len must be >= 1 and fp8_margin >= 0")
+
+    @classmethod
+    def from_config(cls, cfg) -> "FP8Recipe | None":
+        """The recipe of a TrainConfig, or None when its ``fp8`` (--fp8-format) is None (FP8 off)."""
+        if getattr(cfg, "fp8", None) is None:
+            return None
+        return cls(cfg.fp8, cfg.fp8_recipe, cfg.fp8_amax_history_len,
+                   cfg.fp8_amax_compute_algo, cfg.fp8_margin)
+
+
+class LinearFP8:
+    """One linear layer's quantizers: the formats of its recipe, delayed scaling's three histories
+    (input, weight, grad_output), and the group its amaxes are reduced over."""
+
+    def __init__(self, recipe: FP8Recipe, amax_group=None):
+        self.recipe, self.amax_group = recipe, amax_group
+        f = FP8_FORMATS[recipe.fp8_format]
+        self.fmt = {"input": f["forward"], "weight": f["forward"], "grad_output": f["backward"]}
+        self.delayed = {r: DelayedScaling(self.fmt[r], recipe.fp8_amax_history_len,
+                                          recipe.fp8_amax_compute_algo, recipe.fp8_margin)
+                        for r in ROLES} if recipe.fp8_recipe == "delayed" else None
+
+    def amax(self, t: torch.Tensor) -> torch.Tensor:
+        """max |t| over this rank's part, reduced (max) over the amax group."""
+        a = t.detach().abs().max().float().reshape(1)
+        g = self.amax_group
+        if g is not None and g.size > 1:
+            dist.all_reduce(a, op=dist.ReduceOp.MAX, group=g.pg)
+        return a.reshape(())
+
+    def pair(self, t: torch.Tensor, role: str) -> tuple[Quantized, Quantized]:
+        """t [R, C] quantized for the GEMMs that reduce over C (rowwise) and over R (columnwise)."""
+        fmt, recipe = self.fmt[role], self.recipe.fp8_recipe
+        t = t.detach()
+        if recipe in ("tensorwise", "delayed"):
+            if recipe == "tensorwise":
+                scale = current_scale(self.amax(t), fmt)
+            else:
+                scale = self.delayed[role].scale           # from earlier amaxes only
+                self.delayed[role].update(self.amax(t))
+            return quantize_with_scale(t, scale, fmt), quantize_with_scale(t.T, scale, fmt)
+        if recipe == "mxfp8":
+            return quantize_mxfp8(t, fmt), quantize_mxfp8(t.T.contiguous(), fmt)
+        block = (128, 128) if role == "weight" else (1, 128)
+        return quantize_blockwise(t, fmt, block), quantize_blockwise(t.T.contiguous(), fmt, block)
+
+    def linear(self, x, w, b=None):
+        """F.linear(x, w, b) with the GEMMs in FP8."""
+        y = _FP8Linear.apply(x, w, self)
+        return y if b is None else y + b
+
+
+def _mm(a: Quantized, b: Quantized, dtype) -> torch.Tensor:
+    """a [M, K] @ b [N, K]^T, dequantized in ``dtype`` (float64 stays float64, the rest fp32)."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    return (a.dequantize(work) @ b.dequantize(work).T).to(dtype)
+
+
+class _FP8Linear(torch.autograd.Function):
+    """y = x w^T with fprop, dgrad and wgrad in FP8 (table of the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x, w, fp8: LinearFP8):
+        x2 = x.reshape(-1, x.shape[-1])                    # [T, K]
+        qx, qxt = fp8.pair(x2, "input")
+        qw, qwt = fp8.pair(w, "weight")
+        ctx.fp8, ctx.shape, ctx.saved = fp8, x.shape, (qxt, qwt)
+        return _mm(qx, qw, x.dtype).reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        qxt, qwt = ctx.saved
+        dy2 = dy.reshape(-1, dy.shape[-1])                 # [T, N]
+        qdy, qdyt = ctx.fp8.pair(dy2, "grad_output")
+        dx = _mm(qdy, qwt, dy.dtype).reshape(ctx.shape)    # dgrad [T, K]
+        dw = _mm(qdyt, qxt, dy.dtype)                      # wgrad [N, K]
+        return dx, dw, None
+
+
+class FP8Linear(nn.Linear):
+    """A dense nn.Linear whose GEMMs run in FP8 (``apply`` turns a model's linear layers into it)."""
+
+    def forward(self, x):
+        return self.fp8.linear(x, self.weight, self.bias)
+
+
+def apply(chunks, recipe: FP8Recipe | None, amax_group=None) -> int:
+    """Give every linear layer of the FP8 roles its quantizers; returns how many. A dense
+    nn.Linear becomes an FP8Linear; tensor-parallel layers call ``module.fp8`` themselves."""
+    if recipe is None:
+        return 0
+    n = 0
+    for chunk in chunks:
+        for module in chunk.modules():
+            if getattr(module, "role", None) in FP8_ROLES:
+                module.fp8 = LinearFP8(recipe, amax_group)
+                if type(module) is nn.Linear:
+                    module.__class__ = FP8Linear
+                n += 1
+    return n
+
+
+def amax_group(topo, tp_only: bool = False):
+    """This rank's amax-reduction group, every group made on every rank in the same order:
+    Megatron's ``get_amax_reduction_group``, the ranks of one pipeline stage (tp x cp x dp), or
+    with ``tp_only`` (``--tp-only-amax-red``) those that differ in tp and cp only."""
+    from ..groups import new_group
+    keep = ("pp", "dp") if tp_only else ("pp",)     # ranks agreeing on these share the tensor
+    keys = {r: tuple(topo.coords(r)[a] for a in keep) for r in range(topo.world_size)}
+    mine = None
+    for key in sorted(set(keys.values())):
+        g = new_group("amax", [r for r in range(topo.world_size) if keys[r] == key])
+        mine = g if keys[dist.get_rank()] == key else mine
+    return mine
