@@ -64,7 +64,7 @@ QUICK = (
     "tests/test_native_rules.py", "tests/test_layers.py", "tests/test_calc_core.py",
     "tests/test_calc_attention.py", "tests/test_calc_refusals.py", "tests/test_calc_megatron.py",
     "tests/test_calc_perf.py", "tests/test_calc_notorch.py", "tests/test_rule_book.py", "tests/test_goodput.py",
-    "tests/test_data.py", "tests/test_debug_checks.py",
+    "tests/test_data.py", "tests/test_debug_checks.py", "tests/test_drift.py",
     # the book's build checks: glossary, numbers in prose, figures' style, explorers, notebook tooling
     "tests/test_glossary.py", "tests/test_book_numbers.py", "tests/test_figures_style.py",
     "tests/test_book_explorers.py", "tests/test_notebooks.py",
