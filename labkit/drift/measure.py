@@ -110,12 +110,14 @@ def provenance(command: str, seeds, steps: int) -> dict:
             "seeds": list(seeds), "steps": steps, "model": MODEL}
 
 
-def envelopes(families=None, precisions=("fp32", "bf16", "fp16"), seeds=(0, 1, 2, 3), steps: int = 20,
-              command: str = "", log=print) -> dict:
+def envelopes(families=None, precisions=("fp32", "bf16", "fp16"), seeds=(0, 1, 2), steps: int = 20,
+              command: str = "", log=print, save=None) -> dict:
     """The whole table: {"provenance", "cells": {family: {precision name: cell}}}, cells that fail
-    recorded with their error (a layout a precision refuses)."""
+    recorded with their error (a layout a precision refuses). ``save(table)``: called after each
+    cell (a run stopped early keeps what it measured)."""
     cache, cells = {}, {}
     t0 = time.perf_counter()
+    out = {"provenance": provenance(command, seeds, steps), "cells": cells}
     for family in families or list(FAMILIES):
         for precision in precisions:
             name = precision_name(precision)
@@ -125,6 +127,18 @@ def envelopes(families=None, precisions=("fp32", "bf16", "fp16"), seeds=(0, 1, 2
                 cells.setdefault(family, {})[name] = {"error": str(e).splitlines()[0]}
                 log(f"{family} {name}: {cells[family][name]['error']}")
             cells[family][name]["precision"] = precision_kwargs(precision)
-    out = {"provenance": provenance(command, seeds, steps), "cells": cells}
-    out["provenance"]["seconds"] = round(time.perf_counter() - t0, 1)
+            out["provenance"]["seconds"] = round(time.perf_counter() - t0, 1)
+            if save is not None:
+                save(out)
     return out
+
+
+def merge(tables: list) -> dict:
+    """One table from several (each family x precision from the first table that has it); the
+    provenance lists each part's."""
+    cells = {}
+    for t in tables:
+        for fam, by_prec in t["cells"].items():
+            for prec, cell in by_prec.items():
+                cells.setdefault(fam, {}).setdefault(prec, cell)
+    return {"provenance": {"parts": [t["provenance"] for t in tables]}, "cells": cells}
