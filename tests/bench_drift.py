@@ -34,13 +34,21 @@ def run_all(clean: int, out: str = "data/drift_runs.json") -> None:
     from labkit.debug.bugs import BUGS
     from labkit.drift.layouts import FAMILIES, MODEL, family_of
     from labkit.drift.measure import provenance
+    import os
     res = {"provenance": provenance(f"python tests/bench_drift.py run --clean {clean}", [SEED], STEPS),
            "precision": PRECISION, "bugs": [], "clean": []}
+    if os.path.exists(out):                 # resume: keep the pairs a stopped run measured
+        with open(out) as f:
+            res = json.load(f)
+        res["provenance"].setdefault("resumed", []).append(provenance("resumed", [SEED], STEPS)["date"])
+    done = {b["name"] for b in res["bugs"]}
 
     def save():
         with open(out, "w") as f:
             json.dump(res, f, indent=1)
     for name, bug in BUGS.items():
+        if name in done:
+            continue
         kw = {**MODEL, **bug.layout}
         fam = family_of((bug.world_size, kw))
         res["bugs"].append({"name": name, "family": fam, "world_size": bug.world_size, "layout": bug.layout,
@@ -48,7 +56,7 @@ def run_all(clean: int, out: str = "data/drift_runs.json") -> None:
         print(f"bug {name} ({fam}): {res['bugs'][-1]['seconds']} s", flush=True)
         save()
     names = list(FAMILIES)
-    for i in range(clean):
+    for i in range(len(res["clean"]), clean):
         fam = names[i % len(names)]
         world, layout, model = FAMILIES[fam]
         res["clean"].append({"family": fam, "seed": 1000 + i,
@@ -66,8 +74,11 @@ def summarize(runs: str = "data/drift_runs.json", envelopes: str = "data/envelop
 
     def verdict(p):
         return decide(series_from_json(p["a"]), series_from_json(p["b"]), p["family"], res["precision"], env)
-    bugs = [{"name": p["name"], "family": p["family"], **_v(verdict(p))} for p in res["bugs"]]
-    clean = [{"family": p["family"], "seed": p["seed"], **_v(verdict(p))} for p in res["clean"]]
+    unjudged = [p.get("name", f"clean {p['family']} seed {p.get('seed')}") for p in res["bugs"] + res["clean"]
+                if "band" not in env["cells"].get(p["family"], {}).get(res["precision"], {})]
+    bugs = [{"name": p["name"], "family": p["family"], **_v(verdict(p))} for p in res["bugs"] if p["name"] not in unjudged]
+    clean = [{"family": p["family"], "seed": p["seed"], **_v(verdict(p))} for p in res["clean"]
+             if f"clean {p['family']} seed {p['seed']}" not in unjudged]
     tp = sum(not b["within"] for b in bugs)
     fa = sum(not c["within"] for c in clean)
     summary = {"provenance": {**res["provenance"], "summarized_with": envelopes},
@@ -76,7 +87,7 @@ def summarize(runs: str = "data/drift_runs.json", envelopes: str = "data/envelop
                           "clean flagged outside (false alarms)": fa, "clean within": len(clean) - fa},
                "false_alarm_rate": fa / len(clean) if clean else None,
                "run_seconds": round(sum(p["seconds"] for p in res["bugs"] + res["clean"]), 1),
-               "bugs": bugs, "clean": clean}
+               "unjudged (no envelope measured)": unjudged, "bugs": bugs, "clean": clean}
     with open(out, "w") as f:
         json.dump(summary, f, indent=1)
         f.write("\n")
