@@ -168,3 +168,12 @@ def test_cli_exit_status_and_text(tmp_path, capsys):
     assert main(["drift", str(c), str(a), "--layout-a", "cp=2", "--envelopes", str(env)]) == 2
     assert "no measured envelope for CP bf16" in capsys.readouterr().err
     assert main(["drift", str(c), str(a), "--layout-a", "tp=x", "--envelopes", str(env)]) == 2
+
+
+def test_envelope_figure_is_legible_on_a_phone():
+    from labkit.figures import MIN_LABEL_PX, smallest_label_px, svg
+    from labkit.figures.low_precision import envelopes
+    cell = {"u": 2.0 ** -8, "n": 8, "band": {"loss": [0.0, 1e-6, 2e-6], "grad_norm": [1e-5] * 3},
+            "derived": derived_band(3, 2.0 ** -8, 8), "probabilistic": probabilistic_band(3, 2.0 ** -8, 8)}
+    table = {"cells": {f: {"bf16": cell, "fp32": dict(cell, u=2.0 ** -24)} for f in FAMILIES}}
+    assert smallest_label_px(svg(envelopes(table, ("fp32", "bf16")))) >= MIN_LABEL_PX

@@ -33,6 +33,8 @@ def envelopes(data: dict, precisions=("fp32", "bf16", "fp16"), channel: str = "l
         ax.set_title(f"{prec}: u = 2^{_exp(next(iter(cells.values()))['u'])}" if cells else prec,
                      fontsize=SMALL_PT, loc="left")
         ax.set_ylabel("relative drift")
+        steps = max((len(c["band"][channel]) for c in cells.values()), default=1)
+        ax.set_xticks([1] + list(range(5, steps + 1, 5)))
     axes[-1].set_xlabel("step")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, frameon=False, fontsize=SMALL_PT, ncol=3, loc="lower center",
