@@ -22,7 +22,7 @@ def envelopes(data: dict, precisions=("fp32", "bf16", "fp16"), channel: str = "l
         derived = max((c for c in cells.values() if c["derived"]), key=lambda c: c["n"], default=None)
         if derived is not None:
             ax.plot(range(1, len(derived["derived"]) + 1), derived["derived"], "k--", lw=1.2,
-                    label=f"derived bound (n = {derived['n']})")
+                    label="derived bound (largest n)")
             ax.plot(range(1, len(derived["probabilistic"]) + 1), derived["probabilistic"], "k:", lw=1.2,
                     label="probabilistic")
         ax.set_yscale("log")
@@ -36,7 +36,12 @@ def envelopes(data: dict, precisions=("fp32", "bf16", "fp16"), channel: str = "l
         steps = max((len(c["band"][channel]) for c in cells.values()), default=1)
         ax.set_xticks([1] + list(range(5, steps + 1, 5)))
     axes[-1].set_xlabel("step")
-    handles, labels = axes[0].get_legend_handles_labels()
+    seen = {}                                  # every family any panel drew, then the bounds
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    labels = [k for k in COLOURS if k in seen] + [k for k in seen if k not in COLOURS]
+    handles = [seen[k] for k in labels]
     fig.legend(handles, labels, frameon=False, fontsize=SMALL_PT, ncol=3, loc="lower center",
                bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
