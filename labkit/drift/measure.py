@@ -28,7 +28,6 @@ def rel(a: float, b: float) -> float:
 
 def grads_rel(a: dict, b: dict) -> float:
     """||a - b||_2 / ||b||_2 over every gradient (dense names), in float64."""
-    import torch
     num = sum(float((a[n].double() - g.double()).pow(2).sum()) for n, g in b.items())
     den = sum(float(g.double().pow(2).sum()) for g in b.values())
     return math.sqrt(num / den) if den else (0.0 if num == 0 else math.inf)
