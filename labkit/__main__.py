@@ -9,6 +9,7 @@
     python -m labkit diverge --world-size 2 --tensor-model-parallel-size 2 --inject same_seed_tp
     python -m labkit export --load CKPT --hf OUT | --megatron OUT;  import --hf FOLDER --save CKPT
     python -m labkit fuzz --seed 0 --layouts 40 | --minutes 30 [--implementation ...] [--bug NAME]
+    python -m labkit drift A.log B.log --layout-a tp=2,sp --precision bf16   (noise or bug? labkit.drift)
 
 Notebook tooling (refresh stored outputs, student copies, grading) is ``python -m labkit.notebooks``.
 """
@@ -152,10 +153,16 @@ def _fuzz(argv) -> int:
     return fuzz_main(argv)
 
 
+def _drift(argv) -> int:
+    from .drift.cli import main as drift_main   # noise or bug: the measured envelopes (labkit.drift)
+    return drift_main(argv)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"train": train_main, "gpu-check": _gpu_check, "experiments": _experiments, "diverge": _diverge,
-                "export": _interop("export_main"), "import": _interop("import_main"), "fuzz": _fuzz}
+                "export": _interop("export_main"), "import": _interop("import_main"), "fuzz": _fuzz,
+                "drift": _drift}
     try:
         from .calc import cli as calc_cli
         commands["estimate"] = calc_cli.main

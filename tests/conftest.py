@@ -64,7 +64,7 @@ QUICK = (
     "tests/test_native_rules.py", "tests/test_layers.py", "tests/test_calc_core.py",
     "tests/test_calc_attention.py", "tests/test_calc_refusals.py", "tests/test_calc_megatron.py",
     "tests/test_calc_perf.py", "tests/test_calc_notorch.py", "tests/test_rule_book.py", "tests/test_goodput.py",
-    "tests/test_data.py", "tests/test_debug_checks.py",
+    "tests/test_data.py", "tests/test_debug_checks.py", "tests/test_drift.py",
     "tests/test_debug_stragglers.py::test_call_log", "tests/test_debug_stragglers.py::test_detector_on_a_made_up",
     "tests/test_debug_stragglers.py::test_no_straggler_in_a_made_up", "tests/test_debug_stragglers.py::test_messages",
     "tests/test_fp8_emulation.py",

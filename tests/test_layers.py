@@ -33,7 +33,7 @@ LAYERS = {
     # L4 tools
     "labkit.measure": 4, "labkit.check": 4, "labkit.megatron_bridge": 4, "labkit.widgets": 4,
     "labkit.notebooks": 4, "labkit.__main__": 4, "labkit.gpu_check": 4, "labkit.experiments": 4,
-    "labkit.figures": 4, "labkit.debug": 4, "labkit.interop": 4, "labkit.fuzz": 4,
+    "labkit.figures": 4, "labkit.debug": 4, "labkit.interop": 4, "labkit.fuzz": 4, "labkit.drift": 4,
     "labkit.debug.stacks": 1,   # the launcher's hang report reads stack dumps with it (pure Python)
 }
 STRATEGIES = ("tensor_parallel", "context_parallel", "expert_parallel", "pipeline_parallel",
