@@ -53,6 +53,7 @@ class Saver:
         self.rank = dist.get_rank()
         self.pg = dist.new_group(backend="gloo") if dist.get_world_size() > 1 else None
         self.thread, self.error = None, None
+        self.fault = None               # labkit.restart: called with the iteration once the files are written
         self.timings: list[dict] = []   # per save: iteration, blocking_s, write_s, bytes (this rank)
 
     def save(self, iteration: int, consumed_samples: int) -> None:
@@ -111,6 +112,8 @@ class Saver:
         self._barrier()
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(partial)), planner=PiecesSavePlanner(),
                  process_group=self.pg, no_dist=self.pg is None)
+        if self.fault is not None:                         # a kill during a save, on purpose
+            self.fault(info["iteration"])
         self._barrier()                                    # every rank's files are complete
         if self.rank == 0:
             files.write_atomic(partial / files.INFO, json.dumps(info, indent=1, sort_keys=True, default=str))
