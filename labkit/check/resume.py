@@ -123,8 +123,10 @@ def _judge(data, steps=8, save_interval=3, kill_at=5, seed=0):
                              "load_checkpoint(path, model, optimizer, data_gen) reads it and returns the iteration")
     if bad is not None:
         return bad
+    if type(data) is not dict or not {"start", "after_load", "losses", "final"} <= set(data):
+        return report(name, False, "the run returned no result the check can read")
     last = (kill_at // save_interval) * save_interval
-    if data["start"] != last:
+    if type(data["start"]) is not int or data["start"] != last:
         return report(name, False, f"load_checkpoint returned {data['start']!r}; the last checkpoint before the "
                       f"kill was written after iteration {last}", "save the iteration with the state and return it")
     ref = train_loop(steps, seed, stop_at=last)
@@ -133,10 +135,12 @@ def _judge(data, steps=8, save_interval=3, kill_at=5, seed=0):
         if not (isinstance(got, torch.Tensor) and torch.equal(got, ref["at"][part])):
             return report(name, False, f"after load_checkpoint, {WHAT[part]} is not what the run had at iteration "
                           f"{last}", f"put {WHAT[part].split(' (')[0]} in the checkpoint, and back in load_checkpoint")
-    if data["losses"] != ref["losses"][last:]:
+    losses = data["losses"]
+    if type(losses) is not list or any(type(x) is not float for x in losses) or losses != ref["losses"][last:]:
         return report(name, False, "the state after the load is right but the losses after it differ",
                       "load_checkpoint must not change anything after restoring it")
-    if any(not torch.equal(data["final"][p], ref["final"][p]) for p in PARTS):
+    final = data["final"] if type(data["final"]) is dict else {}
+    if any(not (isinstance(final.get(p), torch.Tensor) and torch.equal(final[p], ref["final"][p])) for p in PARTS):
         return report(name, False, "the losses agree but the final state differs")
     return report(name, True, f"killed by SIGKILL before iteration {kill_at}, resumed at {last}: losses, weights, "
                               f"both moments, the step and both RNG streams bit-identical to the run that never stopped")
