@@ -87,3 +87,17 @@ def test_a_kill_during_a_save_leaves_no_loadable_checkpoint_and_keeps_the_previo
     rest = labkit.train(world_size=2, steps=4, log_interval=0, load=tmp_path, micro_batch_size=2,
                         global_batch_size=8, **MODEL)
     assert rest.ranks[0]["start"] == 2
+
+
+@pytest.mark.slow
+def test_a_hang_in_a_subgroup_times_out_and_restarts(tmp_path):
+    """Rank 1 hangs before iteration 3: rank 0's data-parallel all-reduce (a subgroup, labkit.groups)
+    times out after collective_timeout (not PyTorch's 30-minute default for subgroups) and the job
+    restarts from the checkpoint at 2, ending as the run that never stopped."""
+    kw = dict(MODEL, micro_batch_size=2, global_batch_size=8)
+    whole = labkit.train(world_size=2, steps=4, log_interval=0, **kw)
+    hit = labkit.train(world_size=2, steps=4, log_interval=0, save=tmp_path, save_interval=2, max_restarts=1,
+                       faults="1@3:hang", collective_timeout=5.0, timeout=300, **kw)
+    assert len(hit.restarts) == 1 and "timeout" in hit.restarts[0]["why"].lower(), hit.restarts
+    assert hit.restarts[0]["detected_s"] < 120
+    assert hit.losses == whole.losses

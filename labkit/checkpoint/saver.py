@@ -51,7 +51,8 @@ class Saver:
         self.save_dir, self.engine, self.cfg, self.topo, self.seed = Path(save), engine, cfg, topo, seed
         self.async_save = async_save
         self.rank = dist.get_rank()
-        self.pg = dist.new_group(backend="gloo") if dist.get_world_size() > 1 else None
+        from ..groups import subgroup_kwargs
+        self.pg = dist.new_group(backend="gloo", **subgroup_kwargs()) if dist.get_world_size() > 1 else None
         self.thread, self.error = None, None
         self.fault = None               # labkit.restart: called with the iteration once the files are written
         self.timings: list[dict] = []   # per save: iteration, blocking_s, write_s, bytes (this rank)
