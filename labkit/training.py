@@ -113,7 +113,10 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     kw = dict(backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     if collective_timeout is not None:
         kw["collective_timeout"] = collective_timeout
-    if not (max_restarts or planned):
+    from .launcher import under_torchrun
+    if under_torchrun() and planned:            # torchrun --max-restarts relaunches; --load resumes
+        extra = (dict(ckpt, faults=planned), probe)
+    if not (max_restarts or planned) or under_torchrun():
         outs = launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, *extra, **kw)
         return _result(outs, cfg, world_size, capture_grads)
     recorder = restart.Recorder()

@@ -51,6 +51,9 @@ def test_parse_faults():
         labkit.train(world_size=1, steps=2, max_restarts=1, **MODEL)
     with pytest.raises(ValueError, match="need save"):
         labkit.train(world_size=1, steps=2, faults="0@1", **MODEL)
+    from labkit.__main__ import train_parser
+    args = vars(train_parser().parse_args(["--max-restarts", "2", "--fault", "1@3:save", "--collective-timeout", "5"]))
+    assert (args["max_restarts"], args["fault"], args["collective_timeout"]) == (2, "1@3:save", 5.0)
 
 
 @pytest.mark.slow
