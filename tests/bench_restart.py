@@ -97,7 +97,7 @@ def long_run(root: Path, steps: int = 100, interval: int = 10) -> dict:
     return out
 
 
-def sweep(root: Path, steps: int = 100, intervals=(1, 2, 5, 10, 20, 50)) -> dict:
+def sweep(root: Path, steps: int = 100, intervals=(2, 5, 10, 25)) -> dict:
     world, config = DDP2
     rows = []
     for k in intervals:
