@@ -81,6 +81,14 @@ def parse_faults(text: str | None) -> list[Fault]:
     return out
 
 
+def check(max_restarts, save) -> None:
+    """ValueError for a bad ``max_restarts``, or one without a ``save`` folder to resume from."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if max_restarts and save is None:
+        raise ValueError(f"max_restarts {max_restarts} without save: a restart resumes from the checkpoints in save")
+
+
 def faults_of(faults, save) -> list[dict]:
     """Checked faults (a list of Fault, a string, or None: ``LABKIT_FAULTS``) with marker paths."""
     if faults is None:

@@ -93,16 +93,13 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
                              "PyTorch's native run has its own torch.distributed.checkpoint")
     from . import restart
     from .checkpoint.run import check_arguments
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
-    if max_restarts and save is None:
-        raise ValueError(f"max_restarts {max_restarts} without save: a restart resumes from the checkpoints in save")
+    restart.check(max_restarts, save)
     planned = restart.faults_of(faults, save) if native is None and not megatron else []
     ckpt = check_arguments(cfg, steps, save, save_interval, load, async_save)
     rank_bytes = preflight(cfg, world_size, seed, log_interval)   # the data, seed, memory per rank
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
-    from .launcher import launch
+    from .launcher import launch, under_torchrun
     fn, extra = _worker, (ckpt, probe)
     if native is not None:
         from .native.run import worker as fn
@@ -113,18 +110,28 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     kw = dict(backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
     if collective_timeout is not None:
         kw["collective_timeout"] = collective_timeout
-    from .launcher import under_torchrun
     if under_torchrun() and planned:            # torchrun --max-restarts relaunches; --load resumes
         extra = (dict(ckpt, faults=planned), probe)
     if not (max_restarts or planned) or under_torchrun():
         outs = launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, *extra, **kw)
         return _result(outs, cfg, world_size, capture_grads)
+    args = (cfg, steps, seed, log_interval, capture_grads)
+    return _with_restarts(launch, world_size, args, kw, (save, save_interval, load, async_save), planned, probe,
+                          max_restarts)
+
+
+def _with_restarts(launch, world_size, args, kw, ckpt_args, planned, probe, max_restarts) -> TrainResult:
+    """``labkit.restart``: launch until the run ends, relaunching from ``save`` after a failure;
+    the result's per-iteration lists from rank 0's record (each iteration once, the last run of it)."""
+    from . import restart
+    from .checkpoint.run import check_arguments
+    cfg, steps, seed, log_interval, capture_grads = args
+    save, save_interval, load, async_save = ckpt_args
     recorder = restart.Recorder()
 
     def launch_once(load_now):
         c = dict(check_arguments(cfg, steps, save, save_interval, load_now, async_save), faults=planned, report=True)
-        return launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, c, probe,
-                      on_message=recorder, **kw)
+        return launch(_worker, world_size, *args, c, probe, on_message=recorder, **kw)
     outs, events, walls = restart.run(launch_once, save, load, max_restarts, recorder)
     result = _result(outs, cfg, world_size, capture_grads)
     kept = [recorder.iterations[k] for k in sorted(recorder.iterations)]
