@@ -128,18 +128,18 @@ def test_a_failing_rank_ends_the_job_and_is_named_first(cluster):
 
 
 def test_a_rank_killed_on_the_second_node_restarts_and_the_job_ends_right(cluster, tmp_path):
-    """Rank 3 (a node other than rank 0's) is SIGKILLed before iteration 3 (labkit.restart's fault,
+    """Rank 3 (a node other than rank 0's) is SIGKILLed before iteration 4 (labkit.restart's fault,
     once: a marker in the save folder). torchrun --max-restarts 1 (LABKIT_MAX_RESTARTS) restarts
     every agent's ranks, the store beside the batch script survives, ``--load`` resumes from the
-    checkpoint of iteration 2, and the job ends COMPLETED with one device's losses."""
+    checkpoint of iteration 2 (iteration 3 runs again), and the job ends COMPLETED with one device's losses."""
     from labkit.megatron_bridge import parse_log
     save = tmp_path / "ckpt"
     run = local_cluster.run_and_watch(cluster, SCRIPT, "--train-iters", "4", "--save", str(save), "--load", str(save),
                                       "--save-interval", "2",
-                                      env={"LABKIT_MAX_RESTARTS": "1", "LABKIT_FAULTS": "3@2:SIGKILL"})
+                                      env={"LABKIT_MAX_RESTARTS": "1", "LABKIT_FAULTS": "3@3:SIGKILL"})
     out = run["output"]
     assert (run["state"], run["exit_code"]) == ("COMPLETED", "0:0"), out[-4000:]
-    assert (save / ".faults" / "rank3-step2-SIGKILL").exists(), "the fault never fired"
+    assert (save / ".faults" / "rank3-step3-SIGKILL").exists(), "the fault never fired"
     assert "labkit fault: rank 3 fails by SIGKILL" in out, out[-4000:]
     assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     log = parse_log(out)
