@@ -6,6 +6,7 @@
     python -m labkit plan --help                                      (rank the layouts for a cluster)
     python -m labkit experiments list|run ID [--scale cpu] [--megatron]|report   (a tutorial's runs)
     python -m labkit train ... --save DIR --save-interval N --load DIR [--async-save]   (checkpoints)
+    python -m labkit train ... --save DIR --save-interval N --max-restarts 3 [--fault 1@5]   (restarts)
     python -m labkit diverge --world-size 2 --tensor-model-parallel-size 2 --inject same_seed_tp
     python -m labkit export --load CKPT --hf OUT | --megatron OUT;  import --hf FOLDER --save CKPT
     python -m labkit fuzz --seed 0 --layouts 40 | --minutes 30 [--implementation ...] [--bug NAME]
@@ -52,6 +53,14 @@ def train_parser() -> argparse.ArgumentParser:
     ap.add_argument("--save-interval", type=int, default=None, help="iterations between checkpoints")
     ap.add_argument("--load", default=None, help="checkpoint folder to resume from (any layout)")
     ap.add_argument("--async-save", action="store_true", help="write checkpoints in the background")
+    ap.add_argument("--max-restarts", type=int, default=0,
+                    help="when a rank dies: stop all, relaunch, resume from the last checkpoint in --save, "
+                         "at most this many times (labkit.restart)")
+    ap.add_argument("--fault", default=None,
+                    help="failures on purpose, RANK@ITER[:step|save][:SIGKILL|SIGTERM|exception|hang], "
+                         "comma-separated, each once (default: env LABKIT_FAULTS)")
+    ap.add_argument("--collective-timeout", type=float, default=None,
+                    help="seconds one collective may wait for its peers (default 600)")
     from .calc.megatron_args import FLAGS
     for f in dataclasses.fields(TrainConfig):
         if f.type in ("bool", bool):
@@ -96,7 +105,9 @@ def train_main(argv) -> int:
     implementation = args.pop("implementation")
     max_pos = args.pop("max_position_embeddings")
     args.pop("lr_decay_style"), args.pop("split")      # what to_flags writes: labkit's only choices
-    ckpt = {k: args.pop(k) for k in ("save", "save_interval", "load", "async_save")}
+    ckpt = {k: args.pop(k) for k in ("save", "save_interval", "load", "async_save", "max_restarts",
+                                     "collective_timeout")}
+    ckpt["faults"] = args.pop("fault")
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     config = {k: v for k, v in args.items() if v != defaults[k]}
     try:
@@ -122,6 +133,11 @@ def train_main(argv) -> int:
             print(e.details() if isinstance(e, RankFailed) else str(e), file=sys.stderr)
         return 1
     if int(os.environ.get("RANK", 0)) == 0:
+        if result.goodput is not None:
+            g = result.goodput
+            print(f"restarts: {g['restarts']} | goodput: {100 * g['goodput']:.1f}% | recomputed: "
+                  f"{g['recomputed_s']:.2f} s | save blocking: {g['save_blocking_s']:.2f} s | "
+                  f"restart: {g['restart_s']:.2f} s | wall: {g['wall_s']:.2f} s")
         print(f"final lm loss: {result.losses[-1]:.6f}")
     return 0
 

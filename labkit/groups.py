@@ -110,6 +110,14 @@ class Group:
         return f"Group({self.name!r}, ranks={list(self.ranks)})"
 
 
+def subgroup_kwargs() -> dict:
+    """{"timeout": the launch's collective timeout} in a rank of ``labkit.launch`` (or torchrun):
+    ``dist.new_group`` without a timeout takes PyTorch's default (30 min for gloo), not the
+    world group's, so a hang in a subgroup would outlast ``collective_timeout``."""
+    from .launch_rank import state
+    return {"timeout": state.collective_timeout} if state.collective_timeout is not None else {}
+
+
 def new_group(name: str, ranks, made: dict | None = None) -> Group:
     """A Group over ``ranks``. Every rank of the world must call this, in the same order.
 
@@ -118,7 +126,7 @@ def new_group(name: str, ranks, made: dict | None = None) -> Group:
     ranks = tuple(int(r) for r in ranks)
     if made is not None and ranks in made:
         return Group(name, ranks, made[ranks])
-    pg = dist.new_group(list(ranks)) if len(ranks) > 1 else None
+    pg = dist.new_group(list(ranks), **subgroup_kwargs()) if len(ranks) > 1 else None
     if made is not None:
         made[ranks] = pg
     return Group(name, ranks, pg)

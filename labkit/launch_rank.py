@@ -44,6 +44,7 @@ class _RankState:
     channel = None   # (queue, rank) in a spawned rank: send_to_parent streams to the caller
     device = None    # torch.device decided by start()
     backend = None   # the backend string this rank's default group was created with
+    collective_timeout = None   # timedelta of the default group, for subgroups (groups.subgroup_kwargs)
 
 
 state = _RankState()
@@ -68,6 +69,7 @@ def rank_env(caller_env, rank: int, world_size: int, port: int, allow_tf32: bool
 def process_group_kwargs(backend: str, local_rank: int, collective_timeout: float) -> dict:
     """Keyword arguments of ``init_process_group`` besides backend/store/rank/world_size."""
     kw = {"timeout": datetime.timedelta(seconds=collective_timeout)}
+    state.collective_timeout = kw["timeout"]          # subgroups get it too (labkit.groups)
     if uses_cuda(backend):
         kw["device_id"] = torch.device("cuda", local_rank)
     return kw

@@ -31,6 +31,8 @@ class TrainResult:
     moe: list[dict] | None = None       # MoE: per iteration, load_balancing_loss, tokens per expert...
     loss_scales: list[float] = field(default_factory=list)   # the loss scale after each iteration
     skipped: list[bool] = field(default_factory=list)        # iterations skipped (a non-finite grad)
+    restarts: list[dict] = field(default_factory=list)       # max_restarts: each failure (labkit.restart)
+    goodput: dict | None = None                               # max_restarts / faults: wall time by cause
 
 
 def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, gbs: int,
@@ -50,7 +52,8 @@ def format_iteration(it: int, steps: int, consumed: int, ms: float, lr: float, g
 def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "auto",
           log_interval: int = 1, timeout: float = 600.0, capture_grads: bool = False,
           implementation="labkit", save: str | None = None, save_interval: int | None = None,
-          load: str | None = None, async_save: bool = False, probe=None, **config) -> TrainResult:
+          load: str | None = None, async_save: bool = False, probe=None, max_restarts: int = 0,
+          faults=None, collective_timeout: float | None = None, **config) -> TrainResult:
     """Train the GPT on ``world_size`` ranks for ``steps`` iterations; see the module docstring.
 
     ``capture_grads``: also return every parameter's gradient after the run's first iteration
@@ -64,6 +67,10 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     layout: ``steps`` counts iterations in total, as ``--train-iters``, so a run loaded at iteration
     2 with ``steps=5`` trains iterations 3-5. ``probe(engine, topo, groups, cfg)``: makes a probe on
     every rank (``labkit.debug``), told ``begin(iteration)`` and ``end()`` (returned in ``ranks``).
+    ``max_restarts``: when a rank dies, stop all, relaunch and resume from the last checkpoint in
+    ``save``, up to that many times (``labkit.restart``; ``faults``: failures on purpose, or the
+    environment's ``LABKIT_FAULTS``); ``result.restarts`` lists the events, ``result.goodput`` the
+    wall time by cause. ``collective_timeout``: seconds a collective may wait (launcher's default).
     """
     cfg = train_config(**config)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -77,21 +84,24 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
         from .megatron.options import check_megatron, require_installed
         check_megatron(cfg, world_size)         # a named rule for what Megatron cannot run here
         require_installed()
-        if save or load or probe is not None:
-            raise ValueError("save, load and probe are labkit's own (implementation='labkit')")
+        if save or load or probe is not None or max_restarts:
+            raise ValueError("save, load, probe and max_restarts are labkit's own (implementation='labkit')")
     elif native is None:
         cfg.validate(world_size)  # fails here, before any process starts
     else:
         check_native(cfg, world_size, native)   # and what PyTorch's APIs cannot express
-        if save or load or probe is not None:
-            raise ValueError("save, load and probe are labkit's own (implementation='labkit'); "
+        if save or load or probe is not None or max_restarts:
+            raise ValueError("save, load, probe and max_restarts are labkit's own (implementation='labkit'); "
                              "PyTorch's native run has its own torch.distributed.checkpoint")
+    from . import restart
     from .checkpoint.run import check_arguments
+    restart.check(max_restarts, save)
+    planned = restart.faults_of(faults, save) if native is None and not megatron else []
     ckpt = check_arguments(cfg, steps, save, save_interval, load, async_save)
     rank_bytes = preflight(cfg, world_size, seed, log_interval)   # the data, seed, memory per rank
     if cfg.data_path is not None:
         _check_data(cfg)      # a corrupt file or a token outside the vocabulary, named here
-    from .launcher import launch
+    from .launcher import launch, under_torchrun
     fn, extra = _worker, (ckpt, probe)
     if native is not None:
         from .native.run import worker as fn
@@ -99,8 +109,44 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     elif megatron:
         from .megatron.run import worker as fn
         extra = (format_iteration,)
-    outs = launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, *extra,
-                  backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
+    kw = dict(backend=backend, timeout=timeout, rank_memory_bytes=rank_bytes)
+    if collective_timeout is not None:
+        kw["collective_timeout"] = collective_timeout
+    if under_torchrun() and planned:            # torchrun --max-restarts relaunches; --load resumes
+        extra = (dict(ckpt, faults=planned), probe)
+    if not (max_restarts or planned) or under_torchrun():
+        outs = launch(fn, world_size, cfg, steps, seed, log_interval, capture_grads, *extra, **kw)
+        return _result(outs, cfg, world_size, capture_grads)
+    args = (cfg, steps, seed, log_interval, capture_grads)
+    return _with_restarts(launch, world_size, args, kw, (save, save_interval, load, async_save), planned, probe,
+                          max_restarts)
+
+
+def _with_restarts(launch, world_size, args, kw, ckpt_args, planned, probe, max_restarts) -> TrainResult:
+    """``labkit.restart``: launch until the run ends, relaunching from ``save`` after a failure;
+    the result's per-iteration lists from rank 0's record (each iteration once, the last run of it)."""
+    from . import restart
+    from .checkpoint.run import check_arguments
+    cfg, steps, seed, log_interval, capture_grads = args
+    save, save_interval, load, async_save = ckpt_args
+    recorder = restart.Recorder()
+
+    def launch_once(load_now):
+        c = dict(check_arguments(cfg, steps, save, save_interval, load_now, async_save), faults=planned, report=True)
+        return launch(_worker, world_size, *args, c, probe, on_message=recorder, **kw)
+    outs, events, walls = restart.run(launch_once, save, load, max_restarts, recorder)
+    result = _result(outs, cfg, world_size, capture_grads)
+    kept = [recorder.iterations[k] for k in sorted(recorder.iterations)]
+    result.losses, result.grad_norms = [m["loss"] for m in kept], [m["grad_norm"] for m in kept]
+    result.iteration_ms, result.loss_scales = [m["s"] * 1e3 for m in kept], [m["scale"] for m in kept]
+    result.skipped = [m["skipped"] for m in kept]
+    if result.moe is not None:
+        result.moe = [m["moe"] for m in kept]
+    result.restarts, result.goodput = events, restart.account(recorder, walls, events)
+    return result
+
+
+def _result(outs, cfg, world_size, capture_grads) -> TrainResult:
     grads = None
     if capture_grads:
         from .parallelize import assemble
@@ -168,10 +214,13 @@ def rank_microbatches(cfg: TrainConfig, topo, iteration: int, seed: int, tokens,
 def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_grads: bool,
             ckpt: dict | None = None, probe=None) -> dict:
     """Runs on every rank: build, cut, (load), train, (save); rank 0 streams Megatron-format lines."""
+    import time
+
     import torch.distributed as dist
 
     from . import data, moe_stats
     from .expert_parallel.metrics import step_metrics
+    from .restart import maybe_fail
     from .launcher import now, send_to_parent
     from .parallelize import dense_shards
 
@@ -184,9 +233,14 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     from .checkpoint.run import resume
     start, saver = resume(ckpt, engine, cfg, topo, seed)    # (0, None) without checkpoints
     probe = probe(engine, topo, groups, cfg) if probe is not None else None
+    report, faults = bool((ckpt or {}).get("report")), (ckpt or {}).get("faults")
+    if saver is not None and faults:
+        saver.fault = lambda iteration: maybe_fail(faults, rank, iteration, "save")
     for it in range(start, steps):
+        maybe_fail(faults, rank, it, "step")                # labkit.restart: a failure on purpose
         if probe is not None:
             probe.begin(it)
+        wall0 = time.time()
         t0 = now()                                          # synchronizes a CUDA device first
         mbs = rank_microbatches(cfg, topo, it, seed, tokens, num_samples=steps * gbs)
         before = engine.skipped_iterations
@@ -202,10 +256,13 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
         if rank == 0 and log_interval and ((it + 1) % log_interval == 0 or it + 1 == steps):
             send_to_parent(format_iteration(it + 1, steps, (it + 1) * gbs, times[-1], cfg.lr, gbs,
                                             loss, grad_norm, moe[-1], scales[-1], int(skipped[-1])))
+        if report and rank == 0:                            # labkit.restart keeps the record
+            send_to_parent({"labkit.iteration": it + 1, "loss": loss, "grad_norm": grad_norm, "s": times[-1] / 1e3,
+                            "t0": wall0, "scale": scales[-1], "skipped": skipped[-1], "moe": moe[-1]})
         if saver is not None and (it + 1) % (ckpt["save_interval"] or steps) == 0:
-            saver.save(it + 1, (it + 1) * gbs)
+            _save(saver, it + 1, gbs, report and rank == 0)
     if saver is not None and steps > start and steps % (ckpt["save_interval"] or steps):
-        saver.save(steps, steps * gbs)                      # Megatron saves at the end too
+        _save(saver, steps, gbs, report and rank == 0)      # Megatron saves at the end too
     extra = {"coords": topo.coords(rank), "start": start,
              "checkpoint": saver.finish() if saver is not None else None,
              "probe": probe.end() if probe is not None else None,
@@ -215,3 +272,11 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     return {"losses": losses, "grad_norms": norms, "iteration_ms": times, "extra": extra,
             "grads": grads, "moe": moe if cfg.num_experts is not None else None,
             "loss_scales": scales, "skipped": skipped}
+
+
+def _save(saver, iteration: int, gbs: int, report: bool) -> None:
+    """A checkpoint; rank 0 tells the caller how long it blocked training (labkit.restart)."""
+    saver.save(iteration, iteration * gbs)
+    if report:
+        from .launcher import send_to_parent
+        send_to_parent({"labkit.save": iteration, "blocking_s": saver.timings[-1]["blocking_s"]})

@@ -127,6 +127,36 @@ def test_a_failing_rank_ends_the_job_and_is_named_first(cluster):
     print(f"job {run['job_id']} (rank 3 fails): {run['wall_s']} s from sbatch to its end")
 
 
+def test_a_rank_killed_on_the_second_node_restarts_and_the_job_ends_right(cluster, tmp_path):
+    """Rank 3 (a node other than rank 0's) is SIGKILLed before iteration 4 (labkit.restart's fault,
+    once: a marker in the save folder). torchrun --max-restarts 1 (LABKIT_MAX_RESTARTS) restarts
+    every agent's ranks, the store beside the batch script survives, ``--load`` resumes from the
+    checkpoint of iteration 2 (iteration 3 runs again), and the job ends COMPLETED with one device's losses."""
+    from labkit.megatron_bridge import parse_log
+    save = tmp_path / "ckpt"
+    run = local_cluster.run_and_watch(cluster, SCRIPT, "--train-iters", "4", "--save", str(save), "--load", str(save),
+                                      "--save-interval", "2",
+                                      env={"LABKIT_MAX_RESTARTS": "1", "LABKIT_FAULTS": "3@3:SIGKILL"})
+    out = run["output"]
+    assert (run["state"], run["exit_code"]) == ("COMPLETED", "0:0"), out[-4000:]
+    assert (save / ".faults" / "rank3-step3-SIGKILL").exists(), "the fault never fired"
+    assert "labkit fault: rank 3 fails by SIGKILL" in out, out[-4000:]
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    log = parse_log(out)
+    last = dict(zip(log["iteration"], log["lm_loss"]))          # an iteration logged again after the restart
+    assert sorted(last) == [1, 2, 3, 4] and len(log["iteration"]) > 4, list(log["iteration"])
+    world, args = script_config()
+    from labkit.config import TrainConfig
+    from labkit.reference import train_reference
+    defaults = {f: v.default for f, v in TrainConfig.__dataclass_fields__.items()}
+    config = {k: v for k, v in args.items() if k in defaults and v != defaults[k]}
+    exact = train_reference(world_size=world, steps=4, seed=args["seed"], **config)
+    for it in range(1, 5):
+        assert abs(last[it] - exact[it - 1]) <= 5e-7 * abs(exact[it - 1]), (it, last[it], exact[it - 1])
+    assert run["left"] == NOTHING_LEFT
+    print(f"job {run['job_id']} (rank 3 killed, restarted): {run['wall_s']} s; final loss {last[4]}")
+
+
 def test_scancel_stops_every_rank_on_both_nodes(cluster):
     job_id = cluster.submit(SCRIPT, "--train-iters", "100000")
     deadline = time.monotonic() + 300

@@ -13,7 +13,7 @@ import importlib
 MODULES = ("labkit.check.example", "labkit.check.collectives", "labkit.check.data_parallel",
            "labkit.check.tensor_parallel", "labkit.check.sequence_parallel", "labkit.check.pipeline",
            "labkit.check.context_parallel", "labkit.check.expert_parallel", "labkit.check.composition",
-           "labkit.check.memory_knobs", "labkit.check.debugging", "labkit.check.native",
+           "labkit.check.memory_knobs", "labkit.check.debugging", "labkit.check.resume", "labkit.check.native",
            "labkit.check.fuzzing")
 
 # lab (the master's name without .ipynb) -> its check module, for the labs graded in-process

@@ -51,8 +51,10 @@ class Saver:
         self.save_dir, self.engine, self.cfg, self.topo, self.seed = Path(save), engine, cfg, topo, seed
         self.async_save = async_save
         self.rank = dist.get_rank()
-        self.pg = dist.new_group(backend="gloo") if dist.get_world_size() > 1 else None
+        from ..groups import subgroup_kwargs
+        self.pg = dist.new_group(backend="gloo", **subgroup_kwargs()) if dist.get_world_size() > 1 else None
         self.thread, self.error = None, None
+        self.fault = None               # labkit.restart: called with the iteration once the files are written
         self.timings: list[dict] = []   # per save: iteration, blocking_s, write_s, bytes (this rank)
 
     def save(self, iteration: int, consumed_samples: int) -> None:
@@ -111,6 +113,8 @@ class Saver:
         self._barrier()
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(partial)), planner=PiecesSavePlanner(),
                  process_group=self.pg, no_dist=self.pg is None)
+        if self.fault is not None:                         # a kill during a save, on purpose
+            self.fault(info["iteration"])
         self._barrier()                                    # every rank's files are complete
         if self.rank == 0:
             files.write_atomic(partial / files.INFO, json.dumps(info, indent=1, sort_keys=True, default=str))
