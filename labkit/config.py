@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields, replace
 from .calc import config as megatron_rules, hyperparams
 from .calc.moe import MoEArgs
 from .spec import PRESETS, ArchArgs, GPTConfig, preset, preset_args  # noqa: F401 - the model spec
+from .precision_rules import check_precision
 from .roles import RECOMPUTE_MODULES  # what labkit.recompute implements, read off the roles
 from .topology import Topology
 
@@ -205,7 +206,7 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
                              f"is a PREFIX: Megatron's indexed dataset is PREFIX.bin + PREFIX.idx)")
     if cfg.params_dtype not in ("float32", "float64"):
         raise ValueError(f"params_dtype must be 'float32' or 'float64', got {cfg.params_dtype!r}")
-    _check_precision(cfg)
+    check_precision(cfg)
     _check_recompute(cfg)
     if cfg.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {cfg.zero_stage!r}")
@@ -227,36 +228,6 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
     _check_context_parallel(cfg, tp, cp)
     _check_moe_layout(cfg, topo)
     return topo
-
-
-def _check_precision(cfg: TrainConfig) -> None:
-    """bf16 / fp16: Megatron's rule (not both), and what labkit implements (fp32 master weights
-    over plain DP or the distributed optimizer)."""
-    if cfg.bf16 and cfg.fp16:
-        raise ValueError("bf16 and fp16 are exclusive (Megatron's validate_args asserts not both)")
-    sixteen = "bf16" if cfg.bf16 else "fp16" if cfg.fp16 else None
-    if sixteen and cfg.params_dtype != "float32":
-        raise ValueError(f"{sixteen} with params_dtype {cfg.params_dtype!r}: the master weights are fp32; "
-                         f"leave params_dtype at 'float32'")
-    if sixteen and cfg.zero_stage >= 2:
-        raise ValueError(f"{sixteen} with zero_stage {cfg.zero_stage}: labkit keeps fp32 master weights with "
-                         f"plain DP or the distributed optimizer (zero_stage 0 or 1), as Megatron's "
-                         f"Float16Optimizer and DistributedOptimizer do")
-    for name in ("initial_loss_scale", "min_loss_scale", "loss_scale_window"):
-        if getattr(cfg, name) <= 0:
-            raise ValueError(f"{name} must be > 0, got {getattr(cfg, name)!r}")
-    if cfg.loss_scale is not None and cfg.loss_scale <= 0:
-        raise ValueError(f"loss_scale must be > 0 (None: dynamic), got {cfg.loss_scale!r}")
-    _positive("hysteresis", cfg.hysteresis)
-    if cfg.fp8 is not None:
-        from .fp8.linear import FP8Recipe
-        FP8Recipe.from_config(cfg)           # the values (ValueError naming the bad one)
-        if sixteen:
-            raise ValueError(f"fp8 with {sixteen}: labkit's FP8 emulation keeps everything but the "
-                             f"linear layers' GEMMs in params_dtype (float32 or float64)")
-        if cfg.fp8_recipe == "delayed" and cfg.recompute_granularity is not None:
-            raise ValueError("fp8_recipe 'delayed' with recompute: the recomputed forward would record "
-                             "its amaxes twice (labkit keeps one history update per forward)")
 
 
 def _check_recompute(cfg: TrainConfig) -> None:

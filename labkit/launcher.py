@@ -56,6 +56,7 @@ import torch.distributed as dist
 from . import launch_rank
 from .launch_collect import LaunchTimeout, LiveOutput, RankFailed, check_capacity, collect, stop
 from .launch_rank import state, to_cpu
+from .torchrun_store import generation_store
 
 __all__ = ["launch", "device", "backend_in_use", "choose_backend", "resolve_backend", "synchronize",
            "timer", "now", "send_to_parent", "under_torchrun", "to_cpu", "RankFailed", "LaunchTimeout"]
@@ -275,7 +276,7 @@ def _run_in_process(fn, world_size, args, kwargs, backend, collective_timeout, a
         if not allow_tf32:
             os.environ["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"] = "0"
         launch_rank.start(backend, local_rank, allow_tf32)
-        dist.init_process_group(backend, **_generation_store(world_size), **launch_rank.process_group_kwargs(
+        dist.init_process_group(backend, **generation_store(world_size), **launch_rank.process_group_kwargs(
             backend, local_rank, collective_timeout))
         atexit.register(_leave_together)  # a live group torn down at exit aborts the process
     try:
@@ -287,23 +288,6 @@ def _run_in_process(fn, world_size, args, kwargs, backend, collective_timeout, a
     gathered = [None] * world_size
     dist.all_gather_object(gathered, out)
     return gathered
-
-
-def _generation_store(world_size: int) -> dict:
-    """Under torchrun with the agent's store: {"store", "rank", "world_size"} whose keys are this
-    generation's only. After ``--max-restarts`` relaunches the ranks, an external rendezvous store
-    (examples/slurm/launch.sh: ``is_host=false``) still holds the dead generation's keys (gloo's
-    addresses), and torch adds no per-attempt prefix to it, so the new ranks would connect to dead
-    ones; each rank counts itself in (an atomic add) and the count says which generation it is.
-    Elsewhere {} (env://, as before)."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return {}
-    rank = int(os.environ["RANK"])
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                         is_master=False, timeout=datetime.timedelta(seconds=300))
-    generation = (base.add(f"labkit/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/ranks", 1) - 1) // world_size
-    return {"store": dist.PrefixStore(f"labkit/generation{generation}", base), "rank": rank,
-            "world_size": world_size}
 
 
 def _leave_together() -> None:

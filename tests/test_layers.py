@@ -16,7 +16,7 @@ PKG = ROOT / "labkit"
 # layer of each module, by the longest matching dotted prefix
 LAYERS = {
     # L0 pure: rules, layouts, calculators, schedules as data
-    "labkit.topology": 0, "labkit.config": 0, "labkit.param_attrs": 0, "labkit.calc": 0,
+    "labkit.topology": 0, "labkit.config": 0, "labkit.precision_rules": 0, "labkit.param_attrs": 0, "labkit.calc": 0,
     "labkit.spec": 0, "labkit.roles": 0, "labkit.shard_plan": 0, "labkit.pipeline_parallel.placement": 0,
     "labkit.pipeline_parallel.schedules": 0, "labkit.pipeline_parallel.simulate": 0,
     "labkit.pipeline_parallel.p2p_plan": 0, "labkit.figures.style": 0,
@@ -24,11 +24,12 @@ LAYERS = {
     "labkit.launcher": 1, "labkit.launch_rank": 1, "labkit.launch_collect": 1, "labkit.groups": 1, "labkit.comm": 1,
     "labkit.data": 1, "labkit.indexed_dataset": 1, "labkit.model": 1, "labkit.moe": 1,
     "labkit.modules": 1, "labkit.moe_stats": 1, "labkit.precision": 1, "labkit.recompute": 1,
+    "labkit.fp8": 1, "labkit.torchrun_store": 1,
     # L2 one folder per parallelism
     "labkit.tensor_parallel": 2, "labkit.context_parallel": 2, "labkit.expert_parallel": 2,
     "labkit.pipeline_parallel": 2, "labkit.data_parallel": 2,
     # L3 composition
-    "labkit.parallelize": 3, "labkit.training": 3, "labkit.reference": 3, "labkit.preflight": 3,
+    "labkit.parallelize": 3, "labkit.training": 3, "labkit.restart": 3, "labkit.reference": 3, "labkit.preflight": 3,
     "labkit.native": 3, "labkit.checkpoint": 3, "labkit.megatron": 3,
     # L4 tools
     "labkit.measure": 4, "labkit.check": 4, "labkit.megatron_bridge": 4, "labkit.widgets": 4,

@@ -31,12 +31,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..precision_rules import FP8_RECIPE_NAMES, check_fp8
 from .formats import FP8_FORMATS
 from .scaling import (DelayedScaling, Quantized, current_scale, quantize_blockwise, quantize_mxfp8,
                       quantize_with_scale)
 
 FP8_ROLES = ("qkv", "proj", "fc1", "fc2")
-RECIPES = ("tensorwise", "delayed", "blockwise", "mxfp8")
+RECIPES = FP8_RECIPE_NAMES
 ROLES = ("input", "weight", "grad_output")
 
 
@@ -50,14 +51,8 @@ class FP8Recipe:
     fp8_margin: int = 0
 
     def __post_init__(self):
-        if self.fp8_format not in FP8_FORMATS:
-            raise ValueError(f"fp8_format must be one of {sorted(FP8_FORMATS)}, got {self.fp8_format!r}")
-        if self.fp8_recipe not in RECIPES:
-            raise ValueError(f"fp8_recipe must be one of {list(RECIPES)}, got {self.fp8_recipe!r}")
-        if self.fp8_amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"fp8_amax_compute_algo is 'max' or 'most_recent', not {self.fp8_amax_compute_algo!r}")
-        if self.fp8_amax_history_len < 1 or self.fp8_margin < 0:
-            raise ValueError("fp8_amax_history_len must be >= 1 and fp8_margin >= 0")
+        check_fp8(self.fp8_format, self.fp8_recipe, self.fp8_amax_history_len,
+                  self.fp8_amax_compute_algo, self.fp8_margin)
 
     @classmethod
     def from_config(cls, cfg) -> "FP8Recipe | None":

@@ -26,7 +26,6 @@ import os
 import resource
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,9 +33,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import events, seccomp
-from .caps import MOUNTS, MemoryCap, inode_cap_why, private_tmpfs
-from .children import LIVE, children, reap, run, spawn
+from . import events
+from .caps import MemoryCap
+from .children import LIVE, children, reap
+from .runner_proc import kill_runner, start_runner
 
 KINDS = ("bwrap", "docker", "none")
 INSIDE = "/opt/labkit"                     # where labkit/ and data/ appear in the sandbox
@@ -183,35 +183,6 @@ class Outcome:
         self.peak_bytes = 0          # the run's memory peak, all processes (0: no cgroup to measure it)
 
 
-def _start(sandbox: Sandbox, folder: Path, name: str, cap: MemoryCap) -> subprocess.Popen:
-    """Start the runner in its sandbox (bwrap: with the seccomp filter on a pipe it reads first; as
-    root, in tmpfs mounts of capped files; in ``cap``'s cgroup where one was made)."""
-    prog = seccomp.program() if sandbox.kind == "bwrap" else None
-    private = sandbox.kind == "bwrap" and sandbox.limits.files > 0 and not inode_cap_why()
-    points = [folder / ".mnt" / m for m in MOUNTS] if private else []
-    for p in points:
-        p.mkdir(parents=True, exist_ok=True)
-    lim = sandbox.limits
-
-    def child() -> None:                       # after fork, before exec: the grader's threads are gone here
-        cap.enter()
-        if points:
-            private_tmpfs(points, lim.disk_bytes, lim.files)
-        lim.apply()
-    rfd = None
-    if prog:
-        rfd, wfd = os.pipe()                  # bwrap reads the filter to its end, before it runs anything
-        os.write(wfd, prog)
-        os.close(wfd)
-    try:
-        return spawn(sandbox.argv(folder, name, rfd, private), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                     stderr=subprocess.DEVNULL, cwd=str(folder), start_new_session=True,
-                     pass_fds=(rfd,) if prog else (), preexec_fn=child, env=_env(sandbox))
-    finally:
-        if rfd is not None:
-            os.close(rfd)
-
-
 def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: float = 120.0,
             max_output: int = 256 * 2**20, total: float | None = None) -> Outcome:
     """Run the runner on ``job`` in ``folder``; each phase (start, each answer cell, each case) has
@@ -225,7 +196,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
     cap = MemoryCap(sandbox.limits.total_memory_bytes if sandbox.kind != "docker" else 0)
     cap.make()
     try:
-        proc = _start(sandbox, folder, name, cap)
+        proc = start_runner(sandbox, folder, name, cap)
     except BaseException:
         cap.remove()
         raise
@@ -285,7 +256,7 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
             if out.state != "ok" or (out.events and out.events[-1]["event"] == "done"):
                 break
     finally:
-        _kill(sandbox, proc, name)
+        kill_runner(sandbox, proc, name)
         LIVE.discard(proc.pid)
         reap(before)
         out.seconds = time.monotonic() - t0
@@ -300,29 +271,3 @@ def run_job(sandbox: Sandbox, folder: Path, job: dict, timeout: float, startup: 
         out.state = "died"
         out.detail = (f"signal {-code}" if code is not None and code < 0 else f"exit code {code}")
     return out
-
-
-def _env(sandbox: Sandbox) -> dict:
-    if sandbox.kind != "none":
-        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LABKIT_LIVE", "PYTHON"))}
-    env.update(LABKIT_BACKEND="gloo", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
-               PYTHONPATH=str(sandbox.labkit_root))
-    return env
-
-
-def _kill(sandbox: Sandbox, proc, name: str) -> None:
-    if sandbox.kind == "docker":
-        run(["docker", "rm", "-f", name], timeout=60)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)   # its session: bwrap and the namespace's init with it
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
-    for stream in (proc.stdin, proc.stdout):
-        if stream and not stream.closed:
-            stream.close()
