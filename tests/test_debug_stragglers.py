@@ -5,10 +5,12 @@ buffer (``Group.log``); ten planted stragglers (``labkit.debug.STRAGGLERS``) acr
 EP, each named right (rank and cause) from the record of one run; the equalisation trap shown (the
 ranks' step times equal, their entries into the collectives not). Tier 1 checks the ring buffer
 and the detector on made-up records; tier 2 runs gloo ranks (about 5-15 s per scenario on the
-2-core machine): three scenarios here, all ten under ``-m slow``. The overhead of the log is a
+2-core machine): three scenarios here, all ten in the breadth step of .ci/run (``LABKIT_BREADTH=1 -m slow``). The overhead of the log is a
 benchmark (tests/bench_call_log.py), not an assertion.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -102,6 +104,8 @@ def test_each_straggler_is_named(name, records):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("LABKIT_BREADTH"),
+                    reason="the other seven scenarios: the breadth step of .ci/run runs them (LABKIT_BREADTH=1)")
 @pytest.mark.parametrize("name", [n for n in STRAGGLERS if n not in FAST])
 def test_each_straggler_is_named_all(name, records):
     _check_named(name, records)

@@ -6,6 +6,8 @@ tensor one reduced amax covers). float64 parameters, so a round-off difference o
 sums cannot flip an FP8 rounding: the bound is float64's (1e-12 on the losses, 1e-10 on gradients).
 Negative control: amaxes reduced over tp only (Megatron's --tp-only-amax-red) under dp = 2.
 """
+import os
+
 import pytest
 import torch
 
@@ -29,8 +31,11 @@ def _run(world, steps=2, **cfg):
     return ref, got
 
 
+# one in the suite; the rest repeat its path on other layouts: the breadth step of .ci/run runs them
+BREADTH = (pytest.mark.slow, pytest.mark.skipif(not os.environ.get("LABKIT_BREADTH"), reason=(
+    "every other layout x recipe: the breadth step of .ci/run runs it (LABKIT_BREADTH=1)")))
 CASES = [pytest.param(layout, recipe, id=f"{layout}-{recipe}", marks=() if (layout, recipe) in (
-    ("tp2 sp", "delayed"),) else pytest.mark.slow)            # one in the suite, the rest in .ci's slow step
+    ("tp2 sp", "delayed"),) else BREADTH)
     for layout in LAYOUTS for recipe in ("tensorwise", "delayed")]
 
 
@@ -45,7 +50,7 @@ def test_parallel_fp8_run_equals_one_device_fp8_run(layout, recipe):
     assert max(abs(a - b) for a, b in zip(ref["losses"], fp64)) > 1e-5     # FP8 really ran
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", pytest.param("delayed", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("recipe", ["tensorwise", pytest.param("delayed", marks=BREADTH)])
 def test_without_the_dp_amax_reduction_the_run_drifts(recipe):
     cfg = dict(BASE, fp8_recipe=recipe, tp_only_amax_red=True)
     ref, got = _run(2, **cfg)
