@@ -20,7 +20,7 @@ def goodput_sweep_figure(sweep: dict):
     """Two panels over the save interval (iterations): seconds by cause, and goodput (%)."""
     rows = sweep["rows"]
     ks = [str(r["save_interval"]) for r in rows]
-    fig, (left, right) = figures.new(5.0, 2.6, ncols=2)
+    fig, (left, right) = figures.new(4.8, 2.8, ncols=2)
     bottom = [0.0] * len(rows)
     for key, label, color in CAUSES:
         vals = [r["measured"][key] for r in rows]
@@ -28,7 +28,7 @@ def goodput_sweep_figure(sweep: dict):
         bottom = [b + v for b, v in zip(bottom, vals)]
     left.set_xlabel("save interval (iterations)")
     left.set_ylabel("seconds after start-up")
-    left.legend(frameon=False, fontsize=figures.style.SMALL_PT - 1, loc="upper center", ncol=1)
+    left.legend(frameon=False, fontsize=figures.style.SMALL_PT, loc="upper center", ncol=1)
     left.set_ylim(0, max(bottom) * 1.75)
     measured = [100 * r["measured"]["goodput_after_startup"] for r in rows]
     model = [100 * r["model"]["goodput"] for r in rows]

@@ -15,7 +15,7 @@ DATA, COMPUTE, COMM = "#8d96a3", "#00798c", "#d1495b"
 
 
 def timeline_figure(records: list[dict], iterations=(1, 2)):
-    fig, ax = figures.new(5.0, 0.8 + 0.45 * len(records))
+    fig, ax = figures.new(4.6, 0.8 + 0.45 * len(records))    # + the rank names: <= 5.1 in
     t0 = min(b for rec in records for it, b, _, _ in rec["steps"] if it == iterations[0])
     for rec in records:
         y = len(records) - 1 - rec["rank"]
@@ -36,5 +36,5 @@ def timeline_figure(records: list[dict], iterations=(1, 2)):
     for color, label in ((DATA, "data"), (COMPUTE, "compute"), (COMM, "in a collective")):
         ax.bar(0, 0, color=color, label=label)
     ax.plot([], [], color="black", lw=1.5, label="first entry")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=4, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=2, frameon=False)   # 4 in a row: wider than a phone
     return figures.show(fig)

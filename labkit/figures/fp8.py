@@ -46,6 +46,10 @@ def delayed_spike(trace: dict):
     ax.semilogy(steps, trace["delayed_top"], color=COLOURS["delayed"], lw=1.5, ls="--",
                 label="delayed scaling's top (448 / scale)")
     ax.set_ylabel("value")
+    # plain tick labels (1, 10, 100): the log axis's 10^k superscripts are too small for a phone
+    from matplotlib.ticker import FuncFormatter
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.legend(frameon=False, fontsize=SMALL_PT, loc="upper left")
     ax2.bar(steps, [100 * f for f in trace["saturated"]], color=COLOURS["delayed"])
     ax2.set_ylabel("% saturated")
@@ -76,7 +80,7 @@ def loss_curves(curves: dict):
 def bytes_per_param(rows: list[dict]):
     """Bytes per weight element: one bar per format/recipe, the scales' share on top.
     ``rows``: {"name", "data", "scales"} in bytes per element."""
-    fig, ax = new(4.6, 0.42 * len(rows) + 1.0)
+    fig, ax = new(3.9, 0.42 * len(rows) + 1.0)       # + the bar names at the left: <= 5.1 in
     for i, r in enumerate(rows):
         ax.barh(i, r["data"], color="#1f5fa8", label="elements" if i == 0 else None)
         ax.barh(i, r["scales"], left=r["data"], color="#e07b00", label="scales" if i == 0 else None)
