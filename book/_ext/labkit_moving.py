@@ -38,6 +38,21 @@ def _json_html(data) -> str:
     return json.dumps(data, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
+def _mounted(directive, prefix: str, kind: str, mount: str, attrs: str, noscript: str, data) -> list:
+    """The raw HTML of one figure a script mounts: its data as JSON, a line for readers without
+    JavaScript, the caption, and the mount call (the roofline explorer and the players)."""
+    env = directive.state.document.settings.env
+    _mark(env, "labkit_moving_pages")
+    ident = f"{prefix}-{env.docname.replace('/', '-')}-{env.new_serialno(kind)}"
+    caption = directive.options.get("caption", "")
+    text = (f'<figure class="labkit-explorer {kind}" id="{ident}"{attrs}>'
+            f'<p class="lx-noscript">{noscript}</p>'
+            f'<script type="application/json" class="lx-data">{_json_html(data)}</script>'
+            f'<figcaption>{caption}</figcaption></figure>'
+            f'<script>{mount}.mount("{ident}")</script>')
+    return [nodes.raw("", text, format="html")]
+
+
 def roofline_data() -> dict:
     gpus = {}
     for key in CLUSTERS:
@@ -67,17 +82,9 @@ class LabkitRoofline(Directive):
     option_spec = {"caption": directives.unchanged}
 
     def run(self):
-        env = self.state.document.settings.env
-        _mark(env, "labkit_moving_pages")
-        ident = f"lr-{env.docname.replace('/', '-')}-{env.new_serialno('labkit-roofline')}"
-        caption = self.options.get("caption", "")
-        text = (f'<figure class="labkit-explorer labkit-roofline" id="{ident}"><p class="lx-noscript">'
-                f'This explorer runs in your browser: it needs JavaScript. The figures above show the '
-                f'same roofline for the default layout.</p>'
-                f'<script type="application/json" class="lx-data">{_json_html(roofline_data())}</script>'
-                f'<figcaption>{caption}</figcaption></figure>'
-                f'<script>labkitRoofline.mount("{ident}")</script>')
-        return [nodes.raw("", text, format="html")]
+        return _mounted(self, "lr", "labkit-roofline", "labkitRoofline", "",
+                        "This explorer runs in your browser: it needs JavaScript. The figures above show "
+                        "the same roofline for the default layout.", roofline_data())
 
 
 def _play_n(text):
@@ -103,16 +110,8 @@ class LabkitPlayer(Directive):
             data = {"kind": "zero", "n": n, "stages": [frames.zero_frames(s, n) for s in range(4)]}
         else:
             data = {"kind": "zero", "n": n, "stages": [frames.zero_frames(int(what[-1]), n)]}
-        env = self.state.document.settings.env
-        _mark(env, "labkit_moving_pages")
-        ident = f"lp-{env.docname.replace('/', '-')}-{env.new_serialno('labkit-player')}"
-        caption = self.options.get("caption", "")
-        text = (f'<figure class="labkit-explorer labkit-player" id="{ident}" data-play="{what}">'
-                f'<p class="lx-noscript">This picture moves in your browser: it needs JavaScript.</p>'
-                f'<script type="application/json" class="lx-data">{_json_html(data)}</script>'
-                f'<figcaption>{caption}</figcaption></figure>'
-                f'<script>labkitPlayer.mount("{ident}")</script>')
-        return [nodes.raw("", text, format="html")]
+        return _mounted(self, "lp", "labkit-player", "labkitPlayer", f' data-play="{what}"',
+                        "This picture moves in your browser: it needs JavaScript.", data)
 
 
 def purge(app, env, docname):
