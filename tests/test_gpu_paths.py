@@ -65,7 +65,7 @@ def test_world_8_tp_sp_dp_and_zero3(layout):
     torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(ref), rtol=0, atol=1e-4)
 
 
-def _single_gpu_step():
+def _single_step():
     import torch
 
     from labkit import data
@@ -79,15 +79,22 @@ def _single_gpu_step():
     mbs = rank_microbatches(cfg, topo, 0, 0, data.load_tokens())
     with timer() as t:
         loss, _ = engine.step(mbs)
-    freed = engine.dp.members[0].flat.untyped_storage().nbytes() == 0   # ZeRO-3 frees the weights
+    freed = all(u.flat.untyped_storage().nbytes() == 0 for u in engine.dp.members[0].units)  # ZeRO-3
     return {"on_gpu": on_gpu, "freed": freed, "loss": loss, "seconds": t.seconds,
             "tf32": torch.backends.cuda.matmul.allow_tf32}
+
+
+def test_the_single_gpu_step_runs_on_a_cpu_rank():
+    """The GPU test's step, on a gloo rank: what it reads of labkit (ZeRO-3's units) stays current."""
+    [got] = labkit.launch(_single_step, 1, backend="gloo")
+    assert not got["on_gpu"] and got["freed"]
+    assert abs(got["loss"] - train_reference(steps=1, zero_stage=3, **SMALL)[0]) < 1e-5
 
 
 @pytest.mark.gpu(devices=1)
 def test_world_size_1_on_one_gpu():
     """Placement, ZeRO-3 freeing its storage, TF32 off, fp32 GPU vs CPU parity, a real step time."""
-    [got] = labkit.launch(_single_gpu_step, 1, backend="nccl")
+    [got] = labkit.launch(_single_step, 1, backend="nccl")
     assert got["on_gpu"] and got["freed"] and got["tf32"] is False
     ref = train_reference(steps=1, zero_stage=3, **SMALL)
     assert abs(got["loss"] - ref[0]) < 1e-5

@@ -149,8 +149,9 @@ def _swap(spec, old, new, seen=None) -> None:
             _swap(val, old, new, seen)
 
 
-def build_model(cfg, dtype, batch_p2p: bool = False) -> list:
-    """This rank's GPTModel chunks (one per virtual pipeline stage), DDP-wrapped."""
+def build_model(cfg, dtype, batch_p2p: bool = False, device=None) -> list:
+    """This rank's GPTModel chunks (one per virtual pipeline stage), DDP-wrapped, on ``device``
+    (its GPU under NCCL: built on the CPU, then moved before DDP makes its grad buffers there)."""
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
@@ -169,7 +170,7 @@ def build_model(cfg, dtype, batch_p2p: bool = False) -> list:
             vp_stage=vp_stage)
         # the whole chunk in params_dtype, as Megatron's Float16Module casts it to bf16/fp16: the
         # learned position table is a plain torch.nn.Embedding, made in fp32 whatever params_dtype
-        chunks.append(_float64_rope(model.to(dtype), cfg))
+        chunks.append(_float64_rope(model.to(dtype=dtype, device=device or "cpu"), cfg))
     ddp_cfg = DistributedDataParallelConfig(
         grad_reduce_in_fp32=False, overlap_grad_reduce=False,
         use_distributed_optimizer=cfg.use_distributed_optimizer)
@@ -185,7 +186,8 @@ def _float64_rope(model, cfg):
     rope = getattr(model, "rotary_pos_emb", None)
     if rope is not None and model.config.params_dtype == torch.float64:
         d = rope.inv_freq.numel() * 2
-        rope.inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        rope.inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, d, 2, dtype=torch.float64,
+                                                                 device=rope.inv_freq.device) / d))
     return model
 
 

@@ -41,10 +41,12 @@ def _many(jobs: list, steps: int, seed: int) -> list:
 
 
 def run_layouts(layouts, steps: int = 2, seed: int = 0, dtype: str = "float64",
-                implementations=("megatron",), reference: bool = True, timeout: float = 900.0) -> dict:
+                implementations=("megatron",), reference: bool = True, timeout: float = 900.0,
+                backend: str = "gloo") -> dict:
     """{layout name: {"megatron" | "labkit": result, "reference": reference result}}; a result has
     losses, grad_norms, grads (dense names, after step 1), comm (rank order), params (Megatron,
-    with ``capture_params``: dense names, after the last step), iteration_ms (rank 0)."""
+    with ``capture_params``: dense names, after the last step), iteration_ms (rank 0).
+    ``backend="nccl"``: one GPU per rank, Megatron as shipped (the reference stays on the CPU)."""
     from ..config import train_config
     from ..launcher import launch
     from ..parallelize import assemble
@@ -62,7 +64,7 @@ def run_layouts(layouts, steps: int = 2, seed: int = 0, dtype: str = "float64",
     runs: dict = {lay.name: {} for lay in layouts}
     for world, jobs in by_world.items():
         outs = launch(_many, world, [(impl, cfg, opts) for _, impl, cfg, opts in jobs], steps, seed,
-                      backend="gloo", timeout=timeout)
+                      backend=backend, timeout=timeout)
         for j, (name, impl, _, _) in enumerate(jobs):
             per_rank = [o[j] for o in outs]
             r0 = per_rank[0]

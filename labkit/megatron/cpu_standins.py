@@ -276,8 +276,10 @@ def _replacements() -> list:
 @contextlib.contextmanager
 def cpu_standins():
     """Install every stand-in for the block (inside a rank process), then restore Megatron and
-    torch as they were. On a machine with CUDA: nothing (Megatron as shipped)."""
-    if torch.cuda.is_available():
+    torch as they were. On a GPU rank (NCCL): nothing (Megatron as shipped); a CPU rank on a machine
+    with GPUs gets them too (Megatron would otherwise make its masks and buffers on cuda:0)."""
+    from ..launcher import device
+    if device().type == "cuda":
         yield []
         return
     saved = []

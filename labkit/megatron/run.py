@@ -23,7 +23,7 @@ def _forward_step(data_iterator, model):
     the per-token loss [b, s]; the loss function gives the microbatch's mean."""
     tokens, labels = next(data_iterator)
     b, s = tokens.shape
-    position_ids = torch.arange(s).unsqueeze(0).expand(b, s)
+    position_ids = torch.arange(s, device=tokens.device).unsqueeze(0).expand(b, s)
     out = model(tokens, position_ids, None, labels=labels)
 
     def loss_func(per_token):
@@ -61,7 +61,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool, l
     from megatron.core.distributed import finalize_model_grads
 
     from .. import data
-    from ..launcher import now, send_to_parent
+    from ..launcher import device, now, send_to_parent
     from ..model import GPT
     from ..native.run import local_microbatches
     from .build import SPTorchNorm, build_model, build_optimizer, init_parallel_state
@@ -69,13 +69,13 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool, l
     from .cpu_standins import cpu_standins
     from .weights import dense_grads, dense_params, load
 
-    dtype = getattr(torch, cfg.params_dtype)
+    dtype, dev = getattr(torch, cfg.params_dtype), device()    # dev: cuda:LOCAL_RANK under NCCL
     topo = cfg.validate(dist.get_world_size())
     with cpu_standins():
         SPTorchNorm.tag = not negative_control
         init_parallel_state(cfg, topo)
         try:
-            chunks, tcfg = build_model(cfg, dtype, batch_p2p)
+            chunks, tcfg = build_model(cfg, dtype, batch_p2p, dev)
             load(chunks, GPT(cfg.model_config(), seed=seed).to(dtype))
             tcfg.finalize_model_grads_func = finalize_model_grads
             tcfg.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
@@ -86,13 +86,14 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool, l
             losses, norms, times, grads = [], [], [], None
             for it in range(steps):
                 t0 = now()
-                mbs = local_microbatches(cfg, topo, dp_rank, it, seed, tokens, steps * gbs)
+                mbs = [(x.to(dev), y.to(dev)) for x, y in
+                       local_microbatches(cfg, topo, dp_rank, it, seed, tokens, steps * gbs)]
                 loss, _ = _step(cfg, topo, chunks, tcfg, optimizer, mbs, counter)
                 if capture_grads and it == 0:     # distributed optimizer: each rank holds the
                     # sum of its shard only (reduce-scattered); compare parameters instead
                     grads = [] if cfg.use_distributed_optimizer else dense_grads(chunks)
                 ok, norm, _ = optimizer.step()
-                losses.append(_global_loss(loss, topo))
+                losses.append(_global_loss(loss, topo, dev))
                 norms.append(float(norm))
                 times.append((now() - t0) * 1e3)
                 if dist.get_rank() == 0 and log_line is not None and log_interval and (it + 1) % log_interval == 0:
@@ -122,11 +123,11 @@ def axis_groups() -> dict:
     return out
 
 
-def _global_loss(loss, topo) -> float:
+def _global_loss(loss, topo, dev) -> float:
     """The global batch's loss on every rank: the mean microbatch loss of each dp replica (its last
     pipeline stage, TP rank 0), summed over the world, / dp (a bookkeeping all-reduce, not counted)."""
     from megatron.core import parallel_state as ps
     mine = loss if loss is not None and ps.get_tensor_model_parallel_rank() == 0 else 0.0
-    t = torch.tensor([float(mine)], dtype=torch.float64)
+    t = torch.tensor([float(mine)], dtype=torch.float64, device=dev)
     dist.all_reduce(t)
     return float(t) / topo.dp
