@@ -115,6 +115,15 @@ def _classify(o: Outcome) -> Outcome:
     return o
 
 
+def megatron_runs(layout: dict) -> bool:
+    """False for a megatron layout that labkit's rules accept and Megatron's own refuse; True else."""
+    if layout["implementation"] != "megatron" or refusal(layout) is not None:
+        return True
+    from ..config import train_config
+    from ..megatron.options import refusals
+    return not refusals(train_config(**layout["config"]), layout["world_size"])
+
+
 def draw_layouts(seed: int, count: int, implementations=("labkit",), max_world: int = 8) -> list[dict]:
     """``count`` layouts drawn by Hypothesis from ``seed``: the same seed gives the same list."""
     from hypothesis import HealthCheck, Phase, given, settings
@@ -163,10 +172,14 @@ def fuzz(seed: int = 0, layouts: int | None = 40, minutes: float | None = None, 
     from .report import make_finding
     from .shrink import shrink as shrink_layout
     t0, runner = time.perf_counter(), Runner(steps, bug)
-    # one draw of the whole pool (Hypothesis's stream is not prefix-stable across example counts):
-    # with a time budget, 20 per minute, several times what this machine runs
-    count = layouts if layouts is not None else max(100, int(20 * minutes))
-    pool = draw_layouts(seed, count, implementations, max_world)
+    # one draw of the whole pool (Hypothesis's stream is not prefix-stable across example counts)
+    # with a time budget: several times the layouts per minute this machine runs (Megatron's: ~6)
+    mg = "megatron" in implementations
+    count = layouts if layouts is not None else max(100, int((6 if mg else 20) * minutes))
+    # Megatron refuses what it cannot run on the CPU (CP, dropout, recompute, ...: megatron/options.py):
+    # draw 4 times as many and keep those it accepts (about 1 in 3), so its budget goes to runs
+    wide = 4 if mg else 1
+    pool = [lay for lay in draw_layouts(seed, count * wide, implementations, max_world) if megatron_runs(lay)][:count]
     outcomes, findings, seen = [], [], set()
     for layout in pool:
         if minutes is not None and time.perf_counter() - t0 > 60 * minutes:
