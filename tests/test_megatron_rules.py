@@ -35,6 +35,14 @@ def test_position_dropping_is_refused_by_name():
                  moe_expert_capacity_factor=1.0, moe_token_drop_policy="position") == ["moe_drop"]
 
 
+def test_top1_routing_needs_the_softmax_first_as_megatron_says():
+    """Found by the fuzzer (seed 1): Megatron's TransformerConfig raises at build time for top-1
+    routing with the softmax after the top-k; labkit now refuses it before any process starts."""
+    one = dict(MOE, add_bias_linear=False, expert_model_parallel_size=2, moe_router_topk=1)
+    assert rules(2, **one) == ["moe_topk1"]
+    assert rules(2, **one, moe_router_pre_softmax=True) == []
+
+
 def test_every_rule_is_named_in_the_error():
     dense = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_router_topk")}
     cfg = train_config(**dense, context_parallel_size=2, bf16=True)

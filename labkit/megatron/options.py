@@ -42,6 +42,10 @@ RULES = {
     "moe_drop": "moe_token_drop_policy 'position': labkit keeps the first tokens in [s, b] order, "
                 "Megatron takes top-k of the 0/1 routing map (its tie order is the kernel's): the "
                 "two drop different tokens by design; use 'probs'",
+    "moe_topk1": "moe_router_topk 1 without moe_router_pre_softmax: Megatron-Core's TransformerConfig "
+                 "refuses it ('Please use --moe-router-pre-softmax when topk is 1': a softmax over "
+                 "the one chosen score is 1, so the loss would give the router no gradient); set "
+                 "moe_router_pre_softmax=True (found by labkit fuzz --implementation megatron)",
     "distopt_dtype": "use_distributed_optimizer with float64: Megatron's distributed optimizer "
                      "copies each shard's gradient to its main parameter with .float() "
                      "(optimizer/distrib_optimizer.py _copy_model_grads_to_main_grads), which torch "
@@ -83,6 +87,9 @@ def refusals(cfg, world_size: int) -> list[tuple[str, str]]:
     if cfg.num_experts is not None and cfg.moe_expert_capacity_factor is not None \
             and cfg.moe_token_drop_policy == "position":
         rules.append("moe_drop")
+    if cfg.num_experts is not None and cfg.moe_router_topk == 1 and not cfg.moe_router_pre_softmax \
+            and cfg.moe_router_load_balancing_type != "sinkhorn":   # transformer_config.py's condition
+        rules.append("moe_topk1")
     if cfg.use_distributed_optimizer and cfg.params_dtype == "float64":
         rules.append("distopt_dtype")
     return [(r, RULES[r]) for r in rules]
