@@ -44,6 +44,3 @@ def check_precision(cfg) -> None:
         if sixteen:
             raise ValueError(f"fp8 with {sixteen}: labkit's FP8 emulation keeps everything but the "
                              f"linear layers' GEMMs in params_dtype (float32 or float64)")
-        if cfg.fp8_recipe == "delayed" and cfg.recompute_granularity is not None:
-            raise ValueError("fp8_recipe 'delayed' with recompute: the recomputed forward would record "
-                             "its amaxes twice (labkit keeps one history update per forward)")
