@@ -13,6 +13,8 @@ rank; a parallel FP8 run equals it to 1e-12 on the losses and 1e-10 on the gradi
     checkpoint          delayed scaling's histories and scales saved and restored: a resumed run is
                         the uninterrupted one bit for bit; the same checkpoint with its FP8 state
                         ignored (fresh histories) is not
+    fp8_param_gather    ZeRO-3 gathers the FP8 linears' weights as FP8 bytes (1 per element): the
+                        same run to the same bound, its all-gather bytes those of labkit.calc
 """
 import json
 import os
@@ -21,6 +23,8 @@ import pytest
 import torch
 
 import labkit
+from labkit.calc.comm import dp_step_bytes
+from labkit.calc.kernels import fp8_gather_bytes
 from labkit.checkpoint import files
 from labkit.reference import train_reference
 
@@ -78,7 +82,7 @@ def test_recompute_reuses_the_first_forwards_delayed_scales():
 
 
 def test_fp8_resume_is_bit_exact_and_needs_the_amax_histories(tmp_path):
-    kw = dict(BASE, fp8_recipe="delayed", global_batch_size=2, seq_length=16)
+    kw = dict(BASE, fp8_recipe="delayed", seq_length=16)
     whole = labkit.train(world_size=2, steps=4, log_interval=0, **kw)
     labkit.train(world_size=2, steps=2, log_interval=0, save=tmp_path, **kw)
     rest = labkit.train(world_size=2, steps=4, log_interval=0, load=tmp_path, **kw)
@@ -91,3 +95,41 @@ def test_fp8_resume_is_bit_exact_and_needs_the_amax_histories(tmp_path):
     files.write_manifest(folder)
     fresh = labkit.train(world_size=2, steps=4, log_interval=0, load=tmp_path, **kw)
     assert fresh.losses != whole.losses[2:]
+
+
+def test_fp8_gather_bytes_in_calc():
+    """ZeRO-3, n = 4, m = 2: each step gathers the parameters 2m times, (n-1)/n of E + R bytes each."""
+    p, e, r = 800.0, 60, 80.0                          # P bytes; E FP8 elements; R bytes of the rest
+    got = dp_step_bytes(p, 4, 3, num_microbatches=2, gather_bytes=fp8_gather_bytes(e, r))
+    assert got == {"reduce_scatter": 2 * 0.75 * p, "all_gather": 4 * 0.75 * (e + r)}
+    assert dp_step_bytes(p, 4, 3, num_microbatches=2) == dict(got, all_gather=4 * 0.75 * p)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", pytest.param("tensorwise", marks=BREADTH)])
+def test_zero3_fp8_param_gather_equals_one_device_and_calc(recipe):
+    cfg = dict(BASE, fp8_recipe=recipe, zero_stage=3, fp8_param_gather=True)
+    ref = train_reference(world_size=2, steps=2, capture_grads=True, **cfg)
+    got = labkit.train(world_size=2, steps=2, log_interval=0, capture_grads=True, **cfg)
+    torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(ref["losses"]), rtol=0, atol=1e-12)
+    for name, g in ref["grads"].items():
+        torch.testing.assert_close(got.grads[name], g, rtol=1e-10, atol=1e-12, msg=name)
+    # bytes: the FP8 linears' weights (qkv, proj, fc1, fc2) at 1 B, the rest at 8 (float64)
+    fp8 = {n for n in ref["grads"] if n.endswith(".weight") and any(
+        f".{k}." in n for k in ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"))}
+    e = sum(ref["grads"][n].numel() for n in fp8)
+    p = sum(g.numel() for g in ref["grads"].values())
+    assert e > p / 2                                   # most of the model travels in FP8
+    want = dp_step_bytes(8.0 * p, 2, 3, num_microbatches=2, gather_bytes=fp8_gather_bytes(e, 8.0 * (p - e)))
+    for rank in got.ranks:
+        assert rank["comm"]["dp"]["all_gather"]["bytes"] / 2 == want["all_gather"]
+        assert rank["comm"]["dp"]["reduce_scatter"]["bytes"] / 2 == want["reduce_scatter"]
+
+
+def test_fp8_param_gather_refusals():
+    z3 = dict(fp8="hybrid", zero_stage=3, fp8_param_gather=True)
+    for bad, msg in [(dict(z3, fp8=None), "per-tensor recipe"), (dict(z3, fp8_recipe="mxfp8"), "cuts blockwise"),
+                     (dict(z3, zero_stage=1), "ZeRO-3 only"),
+                     (dict(z3, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+                      "one gathered scale per weight")]:
+        with pytest.raises(ValueError, match=msg):
+            labkit.train(world_size=2, **bad)

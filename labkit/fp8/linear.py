@@ -85,6 +85,7 @@ class LinearFP8:
                                           recipe.fp8_amax_compute_algo, recipe.fp8_margin)
                         for r in ROLES} if recipe.fp8_recipe == "delayed" else None
         self.recompute_scales = deque()      # (role, scale) of first forwards in a recomputed region
+        self.gathered_scale = None           # ZeRO-3 fp8_param_gather: the weight arrived quantized with it
 
     def amax(self, t: torch.Tensor) -> torch.Tensor:
         """max |t| over this rank's part, reduced (max) over the amax group."""
@@ -99,7 +100,9 @@ class LinearFP8:
         fmt, recipe = self.fmt[role], self.recipe.fp8_recipe
         t = t.detach()
         if recipe in ("tensorwise", "delayed"):
-            if recipe == "tensorwise":
+            if role == "weight" and self.gathered_scale is not None:
+                scale = self.gathered_scale                # weight_scale chose it (before the gather)
+            elif recipe == "tensorwise":
                 scale = current_scale(self.amax(t), fmt)
             elif PHASE.get() == "again":                   # recomputing: the first forward's scale
                 r, scale = self.recompute_scales.popleft()
@@ -114,6 +117,19 @@ class LinearFP8:
             return quantize_mxfp8(t, fmt), quantize_mxfp8(t.T.contiguous(), fmt)
         block = (128, 128) if role == "weight" else (1, 128)
         return quantize_blockwise(t, fmt, block), quantize_blockwise(t.T.contiguous(), fmt, block)
+
+    def weight_scale(self, part: torch.Tensor) -> torch.Tensor:
+        """The weight's scale from this rank's ``part`` of it (ZeRO-3 ``fp8_param_gather``: the shard
+        is quantized with it before the gather): its amax reduced, delayed's history updated once,
+        as ``pair`` does; ``pair`` then takes it instead (re-quantizing gives the same FP8 bytes)."""
+        fmt, amax = self.fmt["weight"], self.amax(part)
+        if self.recipe.fp8_recipe == "tensorwise":
+            scale = current_scale(amax, fmt)
+        else:
+            scale = self.delayed["weight"].scale
+            self.delayed["weight"].update(amax)
+        self.gathered_scale = scale
+        return scale
 
     def linear(self, x, w, b=None):
         """F.linear(x, w, b) with the GEMMs in FP8."""
