@@ -24,11 +24,11 @@ from __future__ import annotations
 from torch import nn
 
 from .. import shard_plan as sp_
+from ..fp8.linear import fp8_or_linear
 from ..groups import Group, grad_reduce_group
 from ..modules import MLP, role
 from ..moe import moe_layers
 from ..param_attrs import tag
-from ..tensor_parallel.layers import _linear as fp8_or_linear
 from .dispatch import AllGatherDispatcher, AllToAllDispatcher
 from .router import SequenceParallelRouter
 

@@ -164,6 +164,12 @@ class _FP8Linear(torch.autograd.Function):
         return dx, dw, None
 
 
+def fp8_or_linear(module, x, w, b=None):
+    """F.linear, or ``module``'s FP8 GEMMs when ``apply`` gave it quantizers (``module.fp8``)."""
+    fp8 = getattr(module, "fp8", None)
+    return torch.nn.functional.linear(x, w, b) if fp8 is None else fp8.linear(x, w, b)
+
+
 class FP8Linear(nn.Linear):
     """A dense nn.Linear whose GEMMs run in FP8 (``apply`` turns a model's linear layers into it)."""
 
