@@ -133,3 +133,17 @@ def test_fp8_param_gather_refusals():
                       "one gathered scale per weight")]:
         with pytest.raises(ValueError, match=msg):
             labkit.train(world_size=2, **bad)
+
+
+def test_expert_amaxes_are_reduced_over_the_ranks_holding_that_expert():
+    """Pure (no processes): dense linears reduce over the stage; an expert's over etp x edp, never
+    over ep (another rank's experts: with the stage's group, the ep2 run drifts by 6.6e-4)."""
+    from labkit.fp8.linear import amax_ranks
+    from labkit.topology import Topology
+    t = Topology(4, ep=2)                                      # dp 4 = ep 2 x edp 2, etp 1
+    assert amax_ranks(t) == [[0, 1, 2, 3]] and amax_ranks(t, expert=True) == [[0, 2], [1, 3]]
+    assert sorted(amax_ranks(t, tp_only=True, expert=True)) == [[0], [1], [2], [3]]
+    t = Topology(8, tp=2, pp=2, ep=2)                          # etp 2, edp 1 per stage
+    assert amax_ranks(t) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert amax_ranks(t, expert=True) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert amax_ranks(t, tp_only=True) == [[0, 1], [2, 3], [4, 5], [6, 7]]

@@ -195,19 +195,24 @@ def apply(chunks, recipe: FP8Recipe | None, amax_group=None, expert_group=None) 
     return n
 
 
-def amax_group(topo, tp_only: bool = False, expert: bool = False):
-    """This rank's amax-reduction group, every group made on every rank in the same order:
-    Megatron's ``get_amax_reduction_group``, the ranks of one pipeline stage (tp x cp x dp), or
-    with ``tp_only`` (``--tp-only-amax-red``) those that differ in tp and cp only. ``expert``: on
-    the expert grid, the ranks holding the same experts (etp x edp; ``tp_only``: etp)."""
-    from ..groups import new_group
+def amax_ranks(topo, tp_only: bool = False, expert: bool = False) -> list[list[int]]:
+    """The amax-reduction groups as rank lists (pure: the Topology only): Megatron's
+    ``get_amax_reduction_group``, the ranks of one pipeline stage (tp x cp x dp), or with
+    ``tp_only`` (``--tp-only-amax-red``) those that differ in tp and cp only. ``expert``: on the
+    expert grid, the ranks holding the same experts (etp x edp; ``tp_only``: etp)."""
     if expert:
         keep, coords = (("pp", "ep", "edp") if tp_only else ("pp", "ep")), topo.expert_coords
     else:
         keep, coords = (("pp", "dp") if tp_only else ("pp",)), topo.coords
     keys = {r: tuple(coords(r)[a] for a in keep) for r in range(topo.world_size)}  # equal: shared
+    return [[r for r in range(topo.world_size) if keys[r] == key] for key in sorted(set(keys.values()))]
+
+
+def amax_group(topo, tp_only: bool = False, expert: bool = False):
+    """This rank's amax-reduction group (``amax_ranks``), every group made on every rank in order."""
+    from ..groups import new_group
     mine = None
-    for key in sorted(set(keys.values())):
-        g = new_group("expert_amax" if expert else "amax", [r for r in range(topo.world_size) if keys[r] == key])
-        mine = g if keys[dist.get_rank()] == key else mine
+    for ranks in amax_ranks(topo, tp_only, expert):
+        g = new_group("expert_amax" if expert else "amax", ranks)
+        mine = g if dist.get_rank() in ranks else mine
     return mine
