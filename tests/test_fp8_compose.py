@@ -32,6 +32,8 @@ BASE = dict(micro_batch_size=1, global_batch_size=4, params_dtype="float64", seq
             fp8="hybrid", fp8_amax_history_len=4, fp8_amax_compute_algo="max")
 LAYOUTS = {
     "ep2": dict(num_experts=4, expert_model_parallel_size=2, moe_router_topk=2),
+    "ep2 tp2 sp etp2": dict(num_experts=4, expert_model_parallel_size=2, moe_router_topk=2,   # 4 ranks
+                            tensor_model_parallel_size=2, sequence_parallel=True),
     "pp2 vpp2": dict(pipeline_model_parallel_size=2, num_layers=4, num_layers_per_virtual_pipeline_stage=1),
     "dp2 zero2": dict(zero_stage=2),
     "dp2 zero3": dict(zero_stage=3),
@@ -48,8 +50,9 @@ CASES = [pytest.param(layout, recipe, id=f"{layout}-{recipe}", marks=() if (layo
 @pytest.mark.parametrize("layout,recipe", CASES)
 def test_parallel_fp8_run_equals_one_device_fp8_run(layout, recipe):
     cfg = dict(BASE, fp8_recipe=recipe, **LAYOUTS[layout])
-    ref = train_reference(world_size=2, steps=2, capture_grads=True, **cfg)
-    got = labkit.train(world_size=2, steps=2, log_interval=0, capture_grads=True, **cfg)
+    world = 4 if "etp2" in layout else 2
+    ref = train_reference(world_size=world, steps=2, capture_grads=True, **cfg)
+    got = labkit.train(world_size=world, steps=2, log_interval=0, capture_grads=True, **cfg)
     torch.testing.assert_close(torch.tensor(got.losses), torch.tensor(ref["losses"]), rtol=0, atol=1e-12)
     assert set(got.grads) == set(ref["grads"])
     for name, g in ref["grads"].items():
