@@ -69,6 +69,7 @@ class TrainConfig(ArchArgs, MoEArgs):
     fp8_amax_compute_algo: str = "most_recent"   # or "max"
     fp8_margin: int = 0
     tp_only_amax_red: bool = False           # amaxes over tp (x cp) only, not dp (Megatron-Core's config field)
+    fp8_param_gather: bool = False           # ZeRO-3: all-gather the FP8 linears' weights in FP8 (1 B/element)
     # activation recomputation (labkit.recompute)
     recompute_granularity: str | None = None   # "full" or "selective"
     recompute_method: str | None = None        # full: "uniform" or "block"

@@ -190,7 +190,8 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
         ep_plan.apply(chunks, groups, cfg, plan, cfg.num_microbatches(topo))
     if cfg.fp8 is not None:                                   # FP8 GEMMs, amaxes reduced per stage
         from .fp8.linear import FP8Recipe, amax_group, apply as apply_fp8
-        apply_fp8(chunks, FP8Recipe.from_config(cfg), amax_group(topo, cfg.tp_only_amax_red))
+        experts = amax_group(topo, cfg.tp_only_amax_red, expert=True) if cfg.num_experts is not None else None
+        apply_fp8(chunks, FP8Recipe.from_config(cfg), amax_group(topo, cfg.tp_only_amax_red), experts)
     for chunk in chunks:                                      # Megatron's tags, from the plan
         for name, p in chunk.named_parameters():
             tag(p, **plan[name].tags())

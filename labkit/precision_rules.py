@@ -44,6 +44,15 @@ def check_precision(cfg) -> None:
         if sixteen:
             raise ValueError(f"fp8 with {sixteen}: labkit's FP8 emulation keeps everything but the "
                              f"linear layers' GEMMs in params_dtype (float32 or float64)")
-        if cfg.fp8_recipe == "delayed" and cfg.recompute_granularity is not None:
-            raise ValueError("fp8_recipe 'delayed' with recompute: the recomputed forward would record "
-                             "its amaxes twice (labkit keeps one history update per forward)")
+    if cfg.fp8_param_gather:        # Megatron's --fp8-param-gather, as labkit implements it
+        if cfg.fp8 is None or cfg.fp8_recipe not in ("tensorwise", "delayed"):
+            raise ValueError("fp8_param_gather needs fp8 with a per-tensor recipe (tensorwise or delayed): "
+                             "each rank quantizes its ZeRO shard alone, with the weight's one scale; a "
+                             "flat shard cuts blockwise's 128x128 and MXFP8's 1x32 blocks")
+        if cfg.zero_stage != 3:
+            raise ValueError(f"fp8_param_gather with zero_stage {cfg.zero_stage}: labkit gathers FP8 "
+                             f"parameters under ZeRO-3 only (zero_stage=3)")
+        if cfg.recompute_granularity is not None:
+            raise ValueError("fp8_param_gather with recompute: the recomputed forward gathers the weights "
+                             "again, and labkit keeps one gathered scale per weight, not one per "
+                             "microbatch in flight")

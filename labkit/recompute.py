@@ -23,11 +23,28 @@ Megatron's arguments (``TrainConfig``), applied to each model chunk by :func:`ap
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import nn
 
 from . import roles
 from .modules import Dropout
+
+
+# Which forward of a recomputed region is running: "first" (activations dropped), "again" (in the
+# backward), or None. labkit.fp8 reads it: delayed scaling must reuse the first forward's scales.
+PHASE: ContextVar[str | None] = ContextVar("labkit_recompute_phase", default=None)
+
+
+@contextmanager
+def _phase(name: str):
+    token = PHASE.set(name)
+    try:
+        yield
+    finally:
+        PHASE.reset(token)
 
 
 def region_generators(modules) -> list[torch.Generator]:
@@ -51,7 +68,7 @@ class CheckpointFunction(torch.autograd.Function):
         ctx.tensor_mask = [torch.is_tensor(a) for a in args]
         ctx.save_for_backward(*[a for a in args if torch.is_tensor(a)])
         ctx.others = [a for a in args if not torch.is_tensor(a)]
-        with torch.no_grad():
+        with torch.no_grad(), _phase("first"):
             return fn(*args)
 
     @staticmethod
@@ -66,7 +83,7 @@ class CheckpointFunction(torch.autograd.Function):
         now = [g.get_state() for g in ctx.generators] + [torch.get_rng_state()]
         if ctx.restore:                                      # the masks of the first forward
             _set(ctx.generators, ctx.states)
-        with torch.enable_grad():
+        with torch.enable_grad(), _phase("again"):
             out = ctx.fn(*args)
         _set(ctx.generators, now)                            # as if nothing had been drawn again
         outs = out if isinstance(out, tuple) else (out,)

@@ -68,8 +68,9 @@ def all_to_all_bytes(n_bytes, n) -> float:
 
 
 # --------------------------------------------------------------------------- per strategy
-def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None, num_microbatches=1) -> dict:
-    """Bytes one data-parallel rank sends per optimizer step, by collective (chapter "Data parallel").
+def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None, num_microbatches=1, gather_bytes=None) -> dict:
+    """Bytes one data-parallel rank sends per optimizer step, by collective (chapter "Data parallel");
+    ``gather_bytes``: what the parameter all-gathers carry in place of P (``fp8_gather_bytes``).
 
     P = ``param_bytes`` (all parameters of one replica), G = ``grad_bytes`` (defaults to P: the
     labs train in fp32, so gradients have the parameters' size), m = ``num_microbatches``.
@@ -87,6 +88,7 @@ def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None, num_microbatch
     stage 3 moves 1.5x; gradient accumulation multiplies the cost of stages 2 and 3 only.
     """
     g = param_bytes if grad_bytes is None else grad_bytes
+    param_bytes = param_bytes if gather_bytes is None else gather_bytes     # what the gathers carry
     _check_sizes(param_bytes=param_bytes, grad_bytes=g)
     m = num_microbatches
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:

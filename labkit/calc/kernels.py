@@ -191,3 +191,10 @@ def elementwise_bytes(model, tp: int, sp: bool) -> float:
     rope = 8 * (q + kv) / tp if model.position_embedding_type == "rope" else 0.0
     act = (16 if model.swiglu else 10) * f / tp
     return 2 * (4 + 6) * hs + 2 * (6 + 4) * hs + act + rope
+
+
+def fp8_gather_bytes(fp8_elements, other_bytes) -> float:
+    """``comm.dp_step_bytes``'s ``gather_bytes`` under ``--fp8-param-gather``: the FP8 linears'
+    weights at 1 B per element (their per-tensor scale is computed on every rank from an all-reduced
+    amax, not gathered), the other parameters in their own ``other_bytes``."""
+    return float(fp8_elements) + float(other_bytes)

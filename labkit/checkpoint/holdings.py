@@ -20,6 +20,9 @@ Keys of a checkpoint (each a dense tensor, saved in pieces at their global offse
     optimizer.grad_scaler      fp16's dynamic loss scale: scale, growth and hysteresis trackers
                                (Megatron keeps them in the optimizer's state dict)
     rng.rankR                  the rank's RNG states (torch's default generator, the dropout streams)
+    fp8.rankR                  FP8 delayed scaling: {dense module name: {role: (amax history,
+                               scale)}} of the rank's linears (equal on the ranks that reduce
+                               their amaxes together, so any layout can take its modules' own)
 
 Who writes what (each dense value exactly once): only blocks a rank owns (``Block.owner``); with
 plain DP only data-parallel rank 0 (``dp_index == 0``); under ZeRO each data-parallel rank its shard.
@@ -156,6 +159,38 @@ def set_scaler_state(engine, state: dict) -> bool:
     for k in SCALER_FIELDS:
         setattr(engine.scaler, k, state[k])
     return True
+
+
+# -- FP8 delayed scaling (labkit.fp8.linear): each linear's amax histories and scales ------------------
+def _fp8_modules(engine) -> dict:
+    """{dense module name: LinearFP8} of this rank's linears that keep delayed-scaling state."""
+    out = {}
+    for chunk in engine.runner.chunks:
+        for name, m in chunk.named_modules():
+            fp8 = getattr(m, "fp8", None)
+            if getattr(fp8, "delayed", None) is not None:
+                entry = engine.plan.get(f"{name}.weight")
+                out[entry.name.removesuffix(".weight") if entry is not None else name] = fp8
+    return out
+
+
+def fp8_state(engine) -> dict | None:
+    """{dense module name: {role: (history, scale)}}, or None without delayed scaling."""
+    mods = _fp8_modules(engine)
+    return {n: {r: (d.history.clone(), d.scale.clone()) for r, d in f.delayed.items()}
+            for n, f in mods.items()} or None
+
+
+def set_fp8_state(engine, state: dict) -> int:
+    """Restore every delayed-scaling history and scale of this rank from ``state``; returns how
+    many linears. KeyError naming a linear the checkpoint does not hold."""
+    mods = _fp8_modules(engine)
+    for n, f in mods.items():
+        if n not in state:
+            raise KeyError(f"checkpoint: no FP8 delayed-scaling state for {n!r}")
+        for r, d in f.delayed.items():
+            d.history, d.scale = (t.clone() for t in state[n][r])
+    return len(mods)
 
 
 # -- RNG: torch's default generator and the dropout streams (labkit/tensor_parallel/random.py) ----

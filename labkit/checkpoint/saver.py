@@ -18,7 +18,8 @@ boxes its own layout needs: another TP/PP/VPP/DP/ZeRO/CP/EP layout and world siz
 files. The RNG states are restored only on the same layout (the dropout streams are per (pp, tp)
 rank); the data position is the iteration (labkit's batch of iteration i depends only on i). Mixed
 precision: the fp32 masters are the weights (the 16-bit parameters are loaded from them), and
-fp16's dynamic loss scale is restored when the loading run has one (Megatron's ``grad_scaler``).
+fp16's dynamic loss scale is restored when the loading run has one (Megatron's ``grad_scaler``), as
+are FP8 delayed scaling's amax histories and scales (so a resumed FP8 run is the uninterrupted one).
 """
 from __future__ import annotations
 
@@ -63,13 +64,17 @@ class Saver:
         state = {k: v.staged() for k, v in holdings.tensor_state(self.engine).items()}
         state[f"rng.rank{self.rank}"] = holdings.rng_state(self.engine)
         scaler = holdings.scaler_state(self.engine)        # fp16's dynamic loss scale, or None
+        fp8 = holdings.fp8_state(self.engine)              # FP8 delayed scaling's state, or None
+        if fp8 is not None:
+            state[f"fp8.rank{self.rank}"] = fp8
         if self.rank == 0:
             state["optimizer.step"] = holdings.step_value(self.engine)
             if scaler is not None:
                 state["optimizer.grad_scaler"] = scaler
         record = {"iteration": iteration, "bytes": sum(v.nbytes for v in state.values() if isinstance(v, Chunks)),
                   "async": self.async_save}
-        info = dict(self._info(iteration, consumed_samples), grad_scaler=scaler is not None)
+        info = dict(self._info(iteration, consumed_samples), grad_scaler=scaler is not None,
+                    fp8_state=fp8 is not None)
         if self.async_save:
             self.thread = threading.Thread(target=self._write_guarded, args=(state, info, record),
                                            name=f"labkit-save-{iteration}", daemon=True)
@@ -146,6 +151,10 @@ def load_into(engine, found: files.Found, cfg, topo) -> dict:
     scaler = found.info.get("grad_scaler", False) and holdings.scaler_state(engine) is not None
     if scaler:                                   # fp16's dynamic loss scale, saved and wanted
         state["optimizer.grad_scaler"] = None
+    fp8 = found.info.get("fp8_state", False) and holdings.fp8_state(engine) is not None
+    saved_ranks = range(found.info["layout"]["world_size"])
+    for r in saved_ranks if fp8 else ():         # every saving rank's linears (any layout)
+        state[f"fp8.rank{r}"] = None
     planner = PiecesLoadPlanner(where=str(found.path))
     dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.path)), planner=planner, no_dist=True)
     step = planner.objects["optimizer.step"]
@@ -155,5 +164,10 @@ def load_into(engine, found: files.Found, cfg, topo) -> dict:
         holdings.set_rng_state(engine, planner.objects[f"rng.rank{rank}"])
     if scaler:
         holdings.set_scaler_state(engine, planner.objects["optimizer.grad_scaler"])
+    if fp8:                                      # this rank's own entries win (the same layout)
+        merged = {}
+        for r in [*(r for r in saved_ranks if r != rank), rank]:
+            merged.update(planner.objects.get(f"fp8.rank{r}") or {})
+        holdings.set_fp8_state(engine, merged)
     return {"iteration": found.iteration, "consumed_samples": found.info["consumed_samples"],
             "rng": "restored" if same_layout else "reseeded", "grad_scaler": "restored" if scaler else None}

@@ -62,9 +62,10 @@ class Unit:
         return self.flat.untyped_storage().nbytes() > 0
 
 
-def units_of(chunks, named, group: Group, keep_params: bool) -> list[Unit]:
+def units_of(chunks, named, group: Group, keep_params: bool, split=None) -> list[Unit]:
     """One unit per transformer layer, one for the embedding (and a tied output layer), one for
-    the rest (the head), in forward order; any other module is one unit."""
+    the rest (the head), in forward order; any other module is one unit. ``split(param)``: those
+    params get a unit of their own first ("layer 0 fp8": fp8_gather.py)."""
     owner = {id(p): n for n, p in named}
     groups: dict[str, list] = {}
     users: dict[str, list] = {}
@@ -88,8 +89,10 @@ def units_of(chunks, named, group: Group, keep_params: bool) -> list[Unit]:
     seen, out = set(), []
     for key, params in groups.items():
         params = [(n, p) for n, p in params if id(p) not in seen and not seen.add(id(p))]
-        if params:
-            out.append(Unit(len(out), key, params, users[key], group, keep_params))
+        for k, part in ([(key + " fp8", [x for x in params if split(x[1])]),
+                         (key, [x for x in params if not split(x[1])])] if split else [(key, params)]):
+            if part:
+                out.append(Unit(len(out), k, part, users[key], group, keep_params))
     return out
 
 
@@ -99,6 +102,7 @@ class _UnitSharded:
     grads_sharded = True
     zero_stage = 0
     frees_params = False
+    split = None          # a predicate on parameters: those get units of their own (units_of)
 
     def __init__(self, named_params, group: Group, cfg, module=None):
         if module is None:
@@ -106,7 +110,7 @@ class _UnitSharded:
         self.group, self.names = group, [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         chunks = module if isinstance(module, (list, tuple)) else [module]
-        self.units = units_of(chunks, named_params, group, keep_params=not self.frees_params)
+        self.units = units_of(chunks, named_params, group, not self.frees_params, self.split)
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.optimizer = make_optimizer([u.shard for u in self.units], cfg)
         self.events: list[tuple[str, int]] = []     # ("gather", i), ("compute", i), ("free", i), ...

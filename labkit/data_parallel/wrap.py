@@ -119,7 +119,10 @@ def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.Sh
         if cfg.bf16 or cfg.fp16:             # 16-bit params, fp32 masters (plain DP or ZeRO-1)
             members.append(MixedPrecisionDataParallel(bucket_params, group, cfg, distributed=stage == 1))
         elif stage:
-            members.append(RUNTIME_STAGES[stage](bucket_params, group, cfg, chunks if stage >= 2 else None))
+            cls = RUNTIME_STAGES[stage]
+            if stage == 3 and getattr(cfg, "fp8_param_gather", False):   # Megatron's --fp8-param-gather
+                from .fp8_gather import ZeRO3FP8Gather as cls
+            members.append(cls(bucket_params, group, cfg, chunks if stage >= 2 else None))
         elif cfg.ddp_bucket_size is not None:
             members.append(BucketedDataParallel(bucket_params, group, cfg, cfg.ddp_bucket_size))
         else:

@@ -21,10 +21,10 @@ Megatron-LM builds the same from its expert RankGenerator: ``BaseMoELayer`` keep
 """
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import nn
 
 from .. import shard_plan as sp_
+from ..fp8.linear import fp8_or_linear
 from ..groups import Group, grad_reduce_group
 from ..modules import MLP, role
 from ..moe import moe_layers
@@ -45,7 +45,7 @@ class ExpertRowParallelLinear(nn.Module):
         self.bias_scale = 1.0 if etp.rank == 0 else 0.0
 
     def forward(self, x):                                   # [n, f/etp] -> [n, h], a partial sum
-        y = F.linear(x, self.weight)
+        y = fp8_or_linear(self, x, self.weight)           # labkit.fp8's GEMMs when it gave some
         return y if self.bias is None else y + self.bias * self.bias_scale
 
 

@@ -19,12 +19,20 @@ Amax reduction: a per-tensor scale must be the one a single device would compute
 tensor, so each amax is reduced (max) over ``amax_group``, the ranks that share the tensor. As
 Megatron does (``get_amax_reduction_group``: tp x dp x cp), labkit reduces over every rank of the
 pipeline stage: TP shards (a sharded weight, a row-parallel input, SP activations), DP and CP
-shards of the batch. Block scales are local to a block and need no reduction (blocks must not
-straddle shards). Without the reduction (``amax_group=None``) a parallel run drifts from the
-one-device run: the negative control of tests/test_fp8_runtime.py.
+shards of the batch. A routed expert's linears (roles expert_fc1/2) are shared by other ranks:
+those holding the same expert (its etp shards, its edp replicas with their own tokens; Megatron's
+one group would mix two experts' amaxes under EP). Block scales are local to a block and need no
+reduction (blocks must not straddle shards). Without the reduction (``amax_group=None``) a parallel
+run drifts from the one-device run: the negative control of tests/test_fp8_runtime.py.
+
+Recompute (labkit.recompute): a recomputed forward must quantize with the scales of the first one
+and leave delayed scaling's histories alone, so each first forward inside a recomputed region
+queues its scales and the recomputation takes them back in the same order (Transformer Engine's
+``fp8 activation recompute``): one history update per forward, as without recompute.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +40,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ..precision_rules import FP8_RECIPE_NAMES, check_fp8
+from ..recompute import PHASE
 from .formats import FP8_FORMATS
 from .scaling import (DelayedScaling, Quantized, current_scale, quantize_blockwise, quantize_mxfp8,
                       quantize_with_scale)
 
-FP8_ROLES = ("qkv", "proj", "fc1", "fc2")
+FP8_ROLES = ("qkv", "proj", "fc1", "fc2", "expert_fc1", "expert_fc2")
+EXPERT_ROLES = ("expert_fc1", "expert_fc2")
 RECIPES = FP8_RECIPE_NAMES
 ROLES = ("input", "weight", "grad_output")
 
@@ -74,10 +84,12 @@ class LinearFP8:
         self.delayed = {r: DelayedScaling(self.fmt[r], recipe.fp8_amax_history_len,
                                           recipe.fp8_amax_compute_algo, recipe.fp8_margin)
                         for r in ROLES} if recipe.fp8_recipe == "delayed" else None
+        self.recompute_scales = deque()      # (role, scale) of first forwards in a recomputed region
+        self.gathered_scale = None           # ZeRO-3 fp8_param_gather: the weight arrived quantized with it
 
     def amax(self, t: torch.Tensor) -> torch.Tensor:
         """max |t| over this rank's part, reduced (max) over the amax group."""
-        a = t.detach().abs().max().float().reshape(1)
+        a = t.detach().abs().amax().float().reshape(1) if t.numel() else t.new_zeros(1, dtype=torch.float32)
         g = self.amax_group
         if g is not None and g.size > 1:
             dist.all_reduce(a, op=dist.ReduceOp.MAX, group=g.pg)
@@ -88,16 +100,36 @@ class LinearFP8:
         fmt, recipe = self.fmt[role], self.recipe.fp8_recipe
         t = t.detach()
         if recipe in ("tensorwise", "delayed"):
-            if recipe == "tensorwise":
+            if role == "weight" and self.gathered_scale is not None:
+                scale = self.gathered_scale                # weight_scale chose it (before the gather)
+            elif recipe == "tensorwise":
                 scale = current_scale(self.amax(t), fmt)
+            elif PHASE.get() == "again":                   # recomputing: the first forward's scale
+                r, scale = self.recompute_scales.popleft()
+                assert r == role, f"recompute took back {r}'s scale for {role}"
             else:
                 scale = self.delayed[role].scale           # from earlier amaxes only
                 self.delayed[role].update(self.amax(t))
+                if PHASE.get() == "first":
+                    self.recompute_scales.append((role, scale))
             return quantize_with_scale(t, scale, fmt), quantize_with_scale(t.T, scale, fmt)
         if recipe == "mxfp8":
             return quantize_mxfp8(t, fmt), quantize_mxfp8(t.T.contiguous(), fmt)
         block = (128, 128) if role == "weight" else (1, 128)
         return quantize_blockwise(t, fmt, block), quantize_blockwise(t.T.contiguous(), fmt, block)
+
+    def weight_scale(self, part: torch.Tensor) -> torch.Tensor:
+        """The weight's scale from this rank's ``part`` of it (ZeRO-3 ``fp8_param_gather``: the shard
+        is quantized with it before the gather): its amax reduced, delayed's history updated once,
+        as ``pair`` does; ``pair`` then takes it instead (re-quantizing gives the same FP8 bytes)."""
+        fmt, amax = self.fmt["weight"], self.amax(part)
+        if self.recipe.fp8_recipe == "tensorwise":
+            scale = current_scale(amax, fmt)
+        else:
+            scale = self.delayed["weight"].scale
+            self.delayed["weight"].update(amax)
+        self.gathered_scale = scale
+        return scale
 
     def linear(self, x, w, b=None):
         """F.linear(x, w, b) with the GEMMs in FP8."""
@@ -132,6 +164,12 @@ class _FP8Linear(torch.autograd.Function):
         return dx, dw, None
 
 
+def fp8_or_linear(module, x, w, b=None):
+    """F.linear, or ``module``'s FP8 GEMMs when ``apply`` gave it quantizers (``module.fp8``)."""
+    fp8 = getattr(module, "fp8", None)
+    return torch.nn.functional.linear(x, w, b) if fp8 is None else fp8.linear(x, w, b)
+
+
 class FP8Linear(nn.Linear):
     """A dense nn.Linear whose GEMMs run in FP8 (``apply`` turns a model's linear layers into it)."""
 
@@ -139,31 +177,42 @@ class FP8Linear(nn.Linear):
         return self.fp8.linear(x, self.weight, self.bias)
 
 
-def apply(chunks, recipe: FP8Recipe | None, amax_group=None) -> int:
+def apply(chunks, recipe: FP8Recipe | None, amax_group=None, expert_group=None) -> int:
     """Give every linear layer of the FP8 roles its quantizers; returns how many. A dense
-    nn.Linear becomes an FP8Linear; tensor-parallel layers call ``module.fp8`` themselves."""
+    nn.Linear becomes an FP8Linear; tensor-parallel layers call ``module.fp8`` themselves.
+    A routed expert's amaxes are reduced over ``expert_group`` (None: ``amax_group``)."""
     if recipe is None:
         return 0
     n = 0
     for chunk in chunks:
         for module in chunk.modules():
             if getattr(module, "role", None) in FP8_ROLES:
-                module.fp8 = LinearFP8(recipe, amax_group)
+                expert = module.role in EXPERT_ROLES and expert_group is not None
+                module.fp8 = LinearFP8(recipe, expert_group if expert else amax_group)
                 if type(module) is nn.Linear:
                     module.__class__ = FP8Linear
                 n += 1
     return n
 
 
-def amax_group(topo, tp_only: bool = False):
-    """This rank's amax-reduction group, every group made on every rank in the same order:
-    Megatron's ``get_amax_reduction_group``, the ranks of one pipeline stage (tp x cp x dp), or
-    with ``tp_only`` (``--tp-only-amax-red``) those that differ in tp and cp only."""
+def amax_ranks(topo, tp_only: bool = False, expert: bool = False) -> list[list[int]]:
+    """The amax-reduction groups as rank lists (pure: the Topology only): Megatron's
+    ``get_amax_reduction_group``, the ranks of one pipeline stage (tp x cp x dp), or with
+    ``tp_only`` (``--tp-only-amax-red``) those that differ in tp and cp only. ``expert``: on the
+    expert grid, the ranks holding the same experts (etp x edp; ``tp_only``: etp)."""
+    if expert:
+        keep, coords = (("pp", "ep", "edp") if tp_only else ("pp", "ep")), topo.expert_coords
+    else:
+        keep, coords = (("pp", "dp") if tp_only else ("pp",)), topo.coords
+    keys = {r: tuple(coords(r)[a] for a in keep) for r in range(topo.world_size)}  # equal: shared
+    return [[r for r in range(topo.world_size) if keys[r] == key] for key in sorted(set(keys.values()))]
+
+
+def amax_group(topo, tp_only: bool = False, expert: bool = False):
+    """This rank's amax-reduction group (``amax_ranks``), every group made on every rank in order."""
     from ..groups import new_group
-    keep = ("pp", "dp") if tp_only else ("pp",)     # ranks agreeing on these share the tensor
-    keys = {r: tuple(topo.coords(r)[a] for a in keep) for r in range(topo.world_size)}
     mine = None
-    for key in sorted(set(keys.values())):
-        g = new_group("amax", [r for r in range(topo.world_size) if keys[r] == key])
-        mine = g if keys[dist.get_rank()] == key else mine
+    for ranks in amax_ranks(topo, tp_only, expert):
+        g = new_group("expert_amax" if expert else "amax", ranks)
+        mine = g if dist.get_rank() in ranks else mine
     return mine
