@@ -222,3 +222,15 @@ def test_every_chapter_opens_with_a_short_tldr(page):
     text = (next(src for _, kind, src in _cells(nb) if kind == "markdown") if nb.exists()
             else (ROOT / f"{page}.md").read_text())
     assert not tldr_problems(text), f"{page}: {tldr_problems(text)}"
+
+
+def test_every_lab_is_linked_from_its_chapter():
+    # the fuzzing chapter said "No lab yet" after its lab had been written (issue 36, round 2)
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    pairs = [(files[i - 1], f) for i, f in enumerate(files) if f.startswith("labs/")]
+    assert len(pairs) > 10, pairs
+    for chapter, lab in pairs:
+        text = "".join(src for _, kind, src in _cells(ROOT / f"{chapter}.ipynb") if kind == "markdown")
+        assert f"../{lab}.ipynb" in text, f"{chapter} does not link its lab {lab}"
+        assert "no lab yet" not in text.lower(), f"{chapter} says it has no lab, but {lab} follows it"
