@@ -6,6 +6,8 @@
   not process it and prints "global\\_batch\\_size" with the backslashes.
 - Every chapter and lab of _toc.yml appears in the intro's "What it covers" table (read from
   _toc.yml, so new chapters are covered the day they are added).
+- Every chapter of _toc.yml opens with a TL;DR (a tip admonition of at most 5 short lines right
+  after the title: what the reader will know, the rule to remember, where it is used).
 """
 import ast
 import json
@@ -179,3 +181,56 @@ def test_cheatsheet_names_real_functions_and_chapters():
                 obj = getattr(obj, part, None) if part != "ParallelConfig" else calc.ParallelConfig
             assert obj is not None or name == "simulator", (name, row)
     assert "file: book/cheatsheet" in toc
+
+
+def _toc_chapters():
+    """The chapter pages of _toc.yml (not the labs, not the Start here/Reference pages)."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [c["file"] for part in toc["parts"] if part["caption"] not in NOT_CHAPTERS
+            for c in part["chapters"] if not c["file"].startswith("labs/")]
+
+
+def tldr_problems(text):
+    """What is wrong with the TL;DR of a chapter whose first markdown is `text` ([] if none): issue 36,
+    item 4 asks for a 5-line TL;DR as a tip admonition right after the title."""
+    m = re.search(r"^# [^\n]*\n\s*```\{admonition\} TL;DR\n(.*?)\n```", text, re.M | re.S)
+    if not m:
+        return ["no ```{admonition} TL;DR right after the title"]
+    body = [line for line in m.group(1).splitlines() if line.strip()]
+    bad = [] if body and body[0].strip() == ":class: tip" else ["no :class: tip"]
+    lines = [line for line in body if not line.startswith(":")]
+    if not 3 <= len(lines) <= 5:
+        bad.append(f"{len(lines)} lines (want 3 to 5)")
+    bad += [f"line of {len(line)} characters" for line in lines if len(line) > 150]
+    words = len(re.findall(r"\w+", " ".join(lines)))
+    if words > 120:
+        bad.append(f"{words} words (want at most 120)")
+    return bad
+
+
+def test_tldr_detector():
+    good = "# T\n\n```{admonition} TL;DR\n:class: tip\n- a\n- b\n- c\n```\n\nProse."
+    assert tldr_problems(good) == []
+    assert tldr_problems("# T\n\nProse first.\n\n" + good.split("\n", 2)[2])  # not after the title
+    assert tldr_problems(good.replace("- c\n", "- c\n- d\n- e\n- f\n"))        # six lines
+    assert tldr_problems(good.replace(":class: tip\n", ""))
+
+
+@pytest.mark.parametrize("page", _toc_chapters())
+def test_every_chapter_opens_with_a_short_tldr(page):
+    nb = ROOT / f"{page}.ipynb"
+    text = (next(src for _, kind, src in _cells(nb) if kind == "markdown") if nb.exists()
+            else (ROOT / f"{page}.md").read_text())
+    assert not tldr_problems(text), f"{page}: {tldr_problems(text)}"
+
+
+def test_every_lab_is_linked_from_its_chapter():
+    # the fuzzing chapter said "No lab yet" after its lab had been written (issue 36, round 2)
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
+    pairs = [(files[i - 1], f) for i, f in enumerate(files) if f.startswith("labs/")]
+    assert len(pairs) > 10, pairs
+    for chapter, lab in pairs:
+        text = "".join(src for _, kind, src in _cells(ROOT / f"{chapter}.ipynb") if kind == "markdown")
+        assert f"../{lab}.ipynb" in text, f"{chapter} does not link its lab {lab}"
+        assert "no lab yet" not in text.lower(), f"{chapter} says it has no lab, but {lab} follows it"

@@ -149,3 +149,46 @@ def test_dp_overlap_covers_every_bar_of_both_panels():
         lo, hi = ax.get_xlim()
         assert lo <= 0 and hi >= max(ends)
     plt.close("all")
+
+
+def legend_covers(fig) -> list[str]:
+    """Labels of the lines (markers, and segments sampled 25 times) that an axes' own legend box
+    lies on: issue 36, defect 10 (the bubble plots' legends sat on their lines)."""
+    import numpy as np
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    hit = []
+    for ax in fig.axes:
+        if ax.get_legend() is None:
+            continue
+        box = ax.get_legend().get_window_extent(renderer).shrunk(0.98, 0.9)
+        for line in ax.get_lines():
+            xy = line.get_transform().transform(line.get_xydata())
+            pts = [xy]
+            if line.get_linestyle() not in ("None", "", " ") and len(xy) > 1:
+                t = np.linspace(0, 1, 25)[:, None]
+                pts += [a + t * (b - a) for a, b in zip(xy[:-1], xy[1:])]
+            p = np.vstack(pts)
+            p = p[np.isfinite(p).all(axis=1)]
+            if np.any((p[:, 0] > box.x0) & (p[:, 0] < box.x1) & (p[:, 1] > box.y0) & (p[:, 1] < box.y1)):
+                hit.append(line.get_label())
+    return hit
+
+
+def test_legend_detector_finds_a_covered_line():
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], label="diagonal")
+    ax.legend(loc="center")
+    assert legend_covers(fig) == ["diagonal"]
+    ax.legend(loc="lower right")
+    assert legend_covers(fig) == []
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("key, mod, fn", FUNCTIONS, ids=[k for k, _, _ in FUNCTIONS])
+def test_no_legend_covers_a_line(key, mod, fn):
+    import matplotlib.pyplot as plt
+    covered = legend_covers(_draw(key, mod, fn))
+    plt.close("all")
+    assert not covered, f"{key}: the legend lies on {covered}: move it outside the axes or to a free corner"

@@ -105,7 +105,9 @@ def fig_bubble_vs_m(ps=(2, 4, 8), ms=(1, 2, 4, 8, 16, 32), vs=(1,)):
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble / busy time")
-    ax.legend(frameon=False, title="lines (p-1)/(v m), circles simulated", loc="lower left")
+    # above the axes: inside, the lines run corner to corner and any spot covers one (issue 36, defect 10)
+    ax.legend(frameon=False, title="lines (p-1)/(v m), circles simulated", loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), ncol=len(curves), columnspacing=1.2, handlelength=1.5)
     fig.tight_layout()
     return fig
 
