@@ -113,3 +113,10 @@ def test_whole_at_the_printed_digits_counts_as_whole():
     # collectives' N* = 8 alpha beta: 12.000000000000002 is printed "12.0" by pandas
     html = tables.html(pd.DataFrame({"N*": [8 * 5e-6 * 300e9 / 1e6, 6.0], "x": [0.5, 1.0]}))
     assert ">12<" in html and ">0.5<" in html and table_traces(html) == []
+
+
+def test_a_small_difference_is_never_printed_as_zero():
+    """Parity tables hold differences like 8.9e-16: whole-number detection is relative to the value,
+    so they keep pandas' scientific notation instead of becoming "0"."""
+    html = tables.html(pd.DataFrame({"loss diff": [8.9e-16, 0.0], "grad diff": [1e-9, 2e-7]}))
+    assert "8.9" in html and "e-16" in html and "e-09" in html and "<td>0</td>" not in html

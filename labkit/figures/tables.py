@@ -39,11 +39,11 @@ def _cells(values: pd.Index | pd.Series) -> list[str]:
     """A column's values as pandas writes them (shared precision), whole numbers as integers."""
     arr = np.asarray(values) if isinstance(values.dtype, np.dtype) else values.array
     if isinstance(arr, np.ndarray) and arr.dtype.kind == "f":
-        # whole at the digits pandas prints (display.precision): 8 * 5e-6 * 300e9 / 1e6 is 12.000000000000002
+        # whole up to float round-off (8 * 5e-6 * 300e9 / 1e6 is 12.000000000000002), relative to
+        # the value itself: a difference of 8.9e-16 is not a 0 (an absolute cut printed it as one)
         finite = arr[np.isfinite(arr)]
-        half_digit = 0.5 * 10.0 ** -pd.get_option("display.precision")
         if (finite.size and np.all(np.abs(finite) < 2**53)
-                and np.all(np.abs(finite - np.round(finite)) < half_digit)):
+                and np.all(np.abs(finite - np.round(finite)) <= 1e-12 * np.abs(finite))):
             return ["NaN" if np.isnan(x) else str(int(np.round(x))) for x in arr]
     with pd.option_context("display.max_colwidth", None):
         return [s.strip() for s in format_array(arr, None)]
