@@ -27,7 +27,10 @@ UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8,
                  "e4m3": 2.0 ** -4, "e5m2": 2.0 ** -3, "fp64": 2.0 ** -53}
 
 # name -> labkit.train keyword arguments (fp16: a constant loss scale, so both runs of a pair scale alike)
-PRECISIONS = {"fp32": {}, "bf16": {"bf16": True}, "fp16": {"fp16": True, "loss_scale": 2.0 ** 10}}
+PRECISIONS = {"fp32": {}, "bf16": {"bf16": True}, "fp16": {"fp16": True, "loss_scale": 2.0 ** 10},
+              # FP8 GEMMs (hybrid: E4M3 forward, E5M2 gradients), the rest fp32 (chapter "FP8")
+              "fp8 tensorwise": {"fp8": "hybrid", "fp8_recipe": "tensorwise"},
+              "fp8 delayed": {"fp8": "hybrid", "fp8_recipe": "delayed"}}
 
 
 def precision_kwargs(precision) -> dict:
