@@ -36,6 +36,7 @@ import torch.distributed as dist
 from .. import comm
 from ..groups import Group, uncounted
 from .ddp import make_optimizer
+from .member import DataParallelMember
 from .shard_layout import ShardLayout, optimizer_state_bytes, storage_bytes
 
 
@@ -93,11 +94,10 @@ def units_of(chunks, named, group: Group, keep_params: bool) -> list[Unit]:
     return out
 
 
-class _UnitSharded:
-    """What ZeRO-2 and ZeRO-3 by units share; the DP interface of ddp.py."""
+class _UnitSharded(DataParallelMember):
+    """What ZeRO-2 and ZeRO-3 by units share; the DP interface of member.py."""
 
     grads_sharded = True
-    zero_stage = 0
     frees_params = False
 
     def __init__(self, named_params, group: Group, cfg, module=None):
@@ -206,12 +206,7 @@ class _UnitSharded:
     def checkpoint_views(self) -> dict:
         """{id(unit shard): [(name, lo, hi, base)]}: shard elements [base, base + hi - lo) hold
         elements [lo, hi) of parameter ``name`` (flattened); what labkit.checkpoint reads."""
-        out = {}
-        for u in self.units:
-            offs = u.layout.offsets
-            out[id(u.shard)] = [(n, max(a, u.lo) - a, min(b, u.hi) - a, max(a, u.lo) - u.lo)
-                                for n, a, b in zip(u.names, offs, offs[1:]) if max(a, u.lo) < min(b, u.hi)]
-        return out
+        return {id(u.shard): u.layout.runs(u.names, u.lo, u.hi) for u in self.units}
 
     def _free(self, u: Unit) -> None:
         u.flat.untyped_storage().resize_(0)

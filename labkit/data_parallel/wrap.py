@@ -16,7 +16,7 @@ gradient must end up divided by dp x cp; the dense ones by averaging over dp x c
 scaling them by the entry's ``grad_scale`` = edp / (dp x cp) first (a hook on each expert
 parameter), then averaging over edp.
 
-:class:`DataParallelSet` runs one DP object per bucket behind the one interface (ddp.py).
+:class:`DataParallelSet` runs one DP object per bucket behind the one interface (member.py).
 """
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ from .zero import RUNTIME_STAGES
 
 
 class DataParallelSet:
-    """Several DP objects (one per bucket) used as one; see the interface in ddp.py."""
+    """Several DP objects (one per bucket) used as one; see the interface in member.py."""
 
     def __init__(self, members: list):
         self.members = members
         self.grads_sharded = any(m.grads_sharded for m in members)
-        self.zero_stage = getattr(members[0], "zero_stage", 0)
+        self.zero_stage = members[0].zero_stage
 
     @contextlib.contextmanager
     def grad_sync_context(self, is_last_microbatch: bool):
