@@ -32,6 +32,7 @@ import math
 import torch
 
 from ..data_parallel.member import DataParallelMember
+from ..precision import DynamicGradScaler
 from ..tensor_parallel.random import dropout_regions
 from .boxes import boxes
 from .dcp_io import Chunks
@@ -144,8 +145,8 @@ SCALER_FIELDS = ("scale", "_growth_tracker", "_hysteresis_tracker")
 
 def scaler_state(engine) -> dict | None:
     """{field: value} of the Engine's dynamic loss scaler, or None (no scaler, or a constant one)."""
-    s = getattr(engine, "scaler", None)
-    return {k: getattr(s, k) for k in SCALER_FIELDS} if all(hasattr(s, k) for k in SCALER_FIELDS) else None
+    s = engine.scaler
+    return {k: getattr(s, k) for k in SCALER_FIELDS} if isinstance(s, DynamicGradScaler) else None
 
 
 def set_scaler_state(engine, state: dict) -> bool:
