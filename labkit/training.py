@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .config import TrainConfig, train_config
 from .preflight import preflight
+from .validate import positive_int
 
 
 @dataclass
@@ -73,8 +74,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     wall time by cause. ``collective_timeout``: seconds a collective may wait (launcher's default).
     """
     cfg = train_config(**config)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    positive_int("steps", steps)
     from .native.options import check_native, resolve
     megatron = isinstance(implementation, str) and implementation == "megatron"
     native = None if megatron else resolve(implementation)

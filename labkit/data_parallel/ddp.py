@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..groups import Group
+from ..validate import int_at_least
 from .member import DataParallelMember
 from .shard_layout import optimizer_state_bytes, storage_bytes
 
@@ -163,8 +164,7 @@ class Bucket:
 
 def make_buckets(params, bucket_size: int, group: Group) -> list[Bucket]:
     """Fill buckets of >= ``bucket_size`` elements with params in REVERSE forward order."""
-    if bucket_size <= 0:
-        raise ValueError(f"bucket_size must be > 0 elements, got {bucket_size}")
+    int_at_least("bucket_size", bucket_size, 1, what="> 0 elements")
     buckets, current = [], []
     for p in reversed(params):  # the backward produces the last layer's gradients first
         current.append(p)

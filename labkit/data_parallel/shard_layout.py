@@ -19,13 +19,14 @@ import math
 
 import torch
 
+from ..validate import positive_int
+
 
 class ShardLayout:
     """Where each parameter lives in the flat buffer and which slice of it each dp rank owns."""
 
     def __init__(self, numels: list[int], dp: int):
-        if dp < 1:
-            raise ValueError(f"dp must be >= 1, got {dp}")
+        positive_int("dp", dp)
         self.numels, self.dp = list(numels), dp
         self.offsets = [0]
         for n in self.numels:                       # parameter i: flat[offsets[i]:offsets[i+1]]
