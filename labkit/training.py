@@ -156,9 +156,10 @@ def _result(outs, cfg, world_size, capture_grads) -> TrainResult:
                        [o["extra"] for o in outs], grads, r0.get("moe"), r0["loss_scales"], r0["skipped"])
 
 
-def build_rank(cfg: TrainConfig, seed: int = 0):
+def build_rank(cfg: TrainConfig, seed: int = 0, zero_classes: dict | None = None):
     """On every rank of a launch: (topology, groups, Engine) for ``cfg``, the model built, cut in
-    the fixed order (labkit.parallelize) and its counters reset (training traffic only)."""
+    the fixed order (labkit.parallelize) and its counters reset (training traffic only).
+    ``zero_classes``: {ZeRO stage: DP class} replacing the runtime's (the memory lab's comparison)."""
     import torch
     import torch.distributed as dist
 
@@ -171,7 +172,7 @@ def build_rank(cfg: TrainConfig, seed: int = 0):
     topo = cfg.validate(dist.get_world_size())
     groups = build_groups(topo)
     model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=params_dtype(cfg))
-    engine = parallelize(model, topo, groups, cfg, seed)
+    engine = parallelize(model, topo, groups, cfg, seed, zero_classes)
     for g in groups.values():
         g.stats.reset()
     return topo, groups, engine

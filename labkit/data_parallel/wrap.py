@@ -94,12 +94,13 @@ class DataParallelSet:
         return sum(p.numel() for m in self.members for p in m.params)
 
 
-def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.ShardPlan | None = None
-                       ) -> DataParallelSet:
+def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.ShardPlan | None = None,
+                       zero_classes: dict | None = None) -> DataParallelSet:
     """The DP implementation the config asks for, over every parameter of this rank's ``chunks``,
     grouped as their shard-plan entries say (a dense plan when ``plan`` is None).
 
-    ``zero_stage`` 1-3 (or ``use_distributed_optimizer``, stage 1) -> zero.py; else
+    ``zero_stage`` 1-3 (or ``use_distributed_optimizer``, stage 1) -> zero.py's ``RUNTIME_STAGES``
+    (``zero_classes`` {stage: class} replaces some: the memory lab compares ZeRO3WholeModel); else
     ``ddp_bucket_size`` -> BucketedDataParallel; else NaiveDataParallel.
     """
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
@@ -113,13 +114,13 @@ def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.Sh
     for n, p in named:
         if plan[n].grad_scale != 1:                  # experts: Megatron's expert_gradient_scaling_factor
             p.register_hook(lambda g, s=plan[n].grad_scale: g * s)
-    stage = cfg.effective_zero_stage
+    stage, classes = cfg.effective_zero_stage, {**RUNTIME_STAGES, **(zero_classes or {})}
     members = []
     for bucket_params, group in filter(lambda b: b[0], buckets):
         if cfg.bf16 or cfg.fp16:             # 16-bit params, fp32 masters (plain DP or ZeRO-1)
             members.append(MixedPrecisionDataParallel(bucket_params, group, cfg, distributed=stage == 1))
         elif stage:
-            members.append(RUNTIME_STAGES[stage](bucket_params, group, cfg, chunks if stage >= 2 else None))
+            members.append(classes[stage](bucket_params, group, cfg, chunks if stage >= 2 else None))
         elif cfg.ddp_bucket_size is not None:
             members.append(BucketedDataParallel(bucket_params, group, cfg, cfg.ddp_bucket_size))
         else:
