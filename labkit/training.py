@@ -156,10 +156,12 @@ def _result(outs, cfg, world_size, capture_grads) -> TrainResult:
                        [o["extra"] for o in outs], grads, r0.get("moe"), r0["loss_scales"], r0["skipped"])
 
 
-def build_rank(cfg: TrainConfig, seed: int = 0, zero_classes: dict | None = None):
+def build_rank(cfg: TrainConfig, seed: int = 0, zero_classes: dict | None = None, topo=None):
     """On every rank of a launch: (topology, groups, Engine) for ``cfg``, the model built, cut in
     the fixed order (labkit.parallelize) and its counters reset (training traffic only).
-    ``zero_classes``: {ZeRO stage: DP class} replacing the runtime's (the memory lab's comparison)."""
+    ``zero_classes``: {ZeRO stage: DP class} replacing the runtime's (the memory lab's comparison).
+    ``topo``: the Topology of a ``cfg`` its caller validated (labkit.train: once per launch, before
+    any process starts); None: validate here (the measurements and tests that build ranks)."""
     import torch
     import torch.distributed as dist
 
@@ -169,7 +171,7 @@ def build_rank(cfg: TrainConfig, seed: int = 0, zero_classes: dict | None = None
     from .parallelize import parallelize
     from .precision import params_dtype
 
-    topo = cfg.validate(dist.get_world_size())
+    topo = cfg.validate(dist.get_world_size()) if topo is None else topo
     groups = build_groups(topo)
     model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=params_dtype(cfg))
     engine = parallelize(model, topo, groups, cfg, seed, zero_classes)
@@ -225,7 +227,7 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     from .launcher import now, send_to_parent
     from .parallelize import dense_shards
 
-    topo, groups, engine = build_rank(cfg, seed)
+    topo, groups, engine = build_rank(cfg, seed, topo=cfg.topology(dist.get_world_size()))  # train() validated
     for chunk in engine.runner.chunks:      # Megatron logs the MoE values: keep the routers' statistics
         moe_stats.attach(chunk)
     rank, gbs = dist.get_rank(), cfg.global_batch(topo)
