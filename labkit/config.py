@@ -25,6 +25,7 @@ from .spec import PRESETS, ArchArgs, GPTConfig, preset, preset_args  # noqa: F40
 from .precision_rules import check_precision
 from .roles import RECOMPUTE_MODULES  # what labkit.recompute implements, read off the roles
 from .topology import Topology
+from .validate import positive_int
 
 BYTE_VOCAB_SIZE = 256  # labkit.data.ByteTokenizer: UTF-8 bytes
 
@@ -181,17 +182,10 @@ class TrainConfig(ArchArgs, MoEArgs):
         return model, par
 
 
-def _positive(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def check(cfg: TrainConfig, world_size: int) -> Topology:
     """Megatron's rules (``labkit.calc.config.validate``), then labkit's refusals; returns the
     Topology. Raises ValueError naming the rule and the numbers."""
-    _positive("world_size", world_size)
+    positive_int("world_size", world_size)
     hyperparams.check_hyperparameters(cfg)       # types of every field, lr, betas, clip (labkit's)
     model, par = cfg.megatron_view(world_size)   # sizes positive, world divisible by tp*pp*cp
     megatron_rules.validate(model, par)          # Megatron's start-up rules, in one place
@@ -211,7 +205,7 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
     _check_recompute(cfg)
     if cfg.zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {cfg.zero_stage!r}")
-    _positive("ddp_bucket_size", cfg.ddp_bucket_size, allow_none=True)
+    positive_int("ddp_bucket_size", cfg.ddp_bucket_size, allow_none=True)
     zero = cfg.effective_zero_stage
     if zero and cfg.ddp_bucket_size is not None:
         raise ValueError(f"ddp_bucket_size {cfg.ddp_bucket_size} applies to zero_stage 0 only: labkit's "

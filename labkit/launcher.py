@@ -57,6 +57,7 @@ from . import launch_rank
 from .launch_collect import LaunchTimeout, LiveOutput, RankFailed, check_capacity, collect, stop
 from .launch_rank import state, to_cpu
 from .torchrun_store import generation_store
+from .validate import positive_int
 
 __all__ = ["launch", "device", "backend_in_use", "choose_backend", "resolve_backend", "synchronize",
            "timer", "now", "send_to_parent", "under_torchrun", "to_cpu", "RankFailed", "LaunchTimeout"]
@@ -195,8 +196,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     with each object a rank passes to :func:`send_to_parent`. ``rank_memory_bytes``: host memory a
     CPU rank will need besides the process (``labkit.preflight``), checked with the world size.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    positive_int("world_size", world_size)
     for name, value in (("timeout", timeout), ("collective_timeout", collective_timeout)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")

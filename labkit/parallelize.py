@@ -157,8 +157,10 @@ def assemble(per_rank: list) -> dict:
     return asm.result()
 
 
-def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> Engine:
-    """Cut the dense ``model`` for this rank, in the fixed order, and return its Engine."""
+def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0, zero_classes: dict | None = None
+                ) -> Engine:
+    """Cut the dense ``model`` for this rank, in the fixed order, and return its Engine.
+    ``zero_classes``: {ZeRO stage: DP class} instead of the runtime's (labkit.data_parallel.wrap)."""
     from .data_parallel.wrap import wrap_data_parallel
     from .tensor_parallel.random import apply_rng_streams
     coords = topo.coords(dist.get_rank())
@@ -199,7 +201,7 @@ def parallelize(model, topo, groups: dict[str, Group], cfg, seed: int = 0) -> En
         from .recompute import apply as apply_recompute
         apply_recompute(chunks, cfg)
     # 5. Data parallelism / ZeRO over everything this rank holds (chapter "Data parallelism").
-    dp = wrap_data_parallel(chunks, groups, cfg, plan)
+    dp = wrap_data_parallel(chunks, groups, cfg, plan, zero_classes)
     if topo.pp > 1:
         from .pipeline_parallel.executor import PipelineRunner
         sp = topo.tp if cfg.sequence_parallel and topo.tp > 1 else 1   # SP: hidden states [b, s/t, h]

@@ -2,6 +2,8 @@
 ``labkit.config`` before any process starts, and by ``labkit.fp8.FP8Recipe`` for its own values."""
 from __future__ import annotations
 
+from .validate import positive_int
+
 FP8_FORMAT_NAMES = ("e4m3", "hybrid")      # Megatron's --fp8-format (hybrid: E5M2 gradients)
 FP8_RECIPE_NAMES = ("tensorwise", "delayed", "blockwise", "mxfp8")   # Megatron's --fp8-recipe
 
@@ -36,8 +38,7 @@ def check_precision(cfg) -> None:
             raise ValueError(f"{name} must be > 0, got {getattr(cfg, name)!r}")
     if cfg.loss_scale is not None and cfg.loss_scale <= 0:
         raise ValueError(f"loss_scale must be > 0 (None: dynamic), got {cfg.loss_scale!r}")
-    if isinstance(cfg.hysteresis, bool) or not isinstance(cfg.hysteresis, int) or cfg.hysteresis < 1:
-        raise ValueError(f"hysteresis must be a positive integer, got {cfg.hysteresis!r}")
+    positive_int("hysteresis", cfg.hysteresis)
     if cfg.fp8 is not None:
         check_fp8(cfg.fp8, cfg.fp8_recipe, cfg.fp8_amax_history_len, cfg.fp8_amax_compute_algo,
                   cfg.fp8_margin)

@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from .validate import int_at_least
+
 HOWS = ("SIGKILL", "SIGTERM", "exception", "hang")
 ATS = ("step", "save")
 MARKERS = ".faults"
@@ -48,9 +50,7 @@ class Fault:
 
     def __post_init__(self):
         for name in ("rank", "iteration"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"fault {name} must be an integer >= 0, got {v!r}")
+            int_at_least(f"fault {name}", getattr(self, name), 0)
         if self.at not in ATS:
             raise ValueError(f"fault at must be one of {ATS}, got {self.at!r}")
         if self.how not in HOWS:
@@ -83,8 +83,7 @@ def parse_faults(text: str | None) -> list[Fault]:
 
 def check(max_restarts, save) -> None:
     """ValueError for a bad ``max_restarts``, or one without a ``save`` folder to resume from."""
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    int_at_least("max_restarts", max_restarts, 0)
     if max_restarts and save is None:
         raise ValueError(f"max_restarts {max_restarts} without save: a restart resumes from the checkpoints in save")
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 
 from .calc import config as megatron_rules
 from .calc.moe import MoEArgs
+from .validate import positive_int
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
@@ -52,11 +53,9 @@ class ArchArgs:
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
             raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDINGS}, got "
                              f"{self.position_embedding_type!r}")
-        if isinstance(self.rotary_base, bool) or not isinstance(self.rotary_base, int) or self.rotary_base < 1:
-            raise ValueError(f"rotary_base must be a positive integer, got {self.rotary_base!r}")
+        positive_int("rotary_base", self.rotary_base)
         g = self.num_query_groups
-        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
-            raise ValueError(f"num_query_groups must be a positive integer, got {g!r}")
+        positive_int("num_query_groups", g, allow_none=True)
         if self.group_query_attention and g is None:
             raise ValueError("group_query_attention needs num_query_groups (the number of K/V heads)")
         if self.position_embedding_type == "rope" and (self.hidden_size // self.num_attention_heads) % 2:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from .validate import positive_int
 
 ORDER = ("tp", "cp", "dp", "pp")           # the dense grid, fastest first
 EXPERT_ORDER = ("etp", "ep", "edp", "pp")  # the expert grid, fastest first
@@ -52,12 +53,6 @@ AXES = {
 }
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class Topology:
     """Sizes of the parallel axes of ``world_size`` ranks; ``dp`` is derived.
@@ -77,7 +72,7 @@ class Topology:
         if self.etp is None:
             object.__setattr__(self, "etp", self.tp)
         for name in ("world_size", "tp", "pp", "cp", "ep", "etp"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         model_parallel = self.tp * self.pp * self.cp
         if self.world_size % model_parallel:
             raise ValueError(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .config import TrainConfig, train_config
 from .preflight import preflight
+from .validate import positive_int
 
 
 @dataclass
@@ -73,8 +74,7 @@ def train(world_size: int = 1, steps: int = 10, seed: int = 0, backend: str = "a
     wall time by cause. ``collective_timeout``: seconds a collective may wait (launcher's default).
     """
     cfg = train_config(**config)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    positive_int("steps", steps)
     from .native.options import check_native, resolve
     megatron = isinstance(implementation, str) and implementation == "megatron"
     native = None if megatron else resolve(implementation)
@@ -156,9 +156,12 @@ def _result(outs, cfg, world_size, capture_grads) -> TrainResult:
                        [o["extra"] for o in outs], grads, r0.get("moe"), r0["loss_scales"], r0["skipped"])
 
 
-def build_rank(cfg: TrainConfig, seed: int = 0):
+def build_rank(cfg: TrainConfig, seed: int = 0, zero_classes: dict | None = None, topo=None):
     """On every rank of a launch: (topology, groups, Engine) for ``cfg``, the model built, cut in
-    the fixed order (labkit.parallelize) and its counters reset (training traffic only)."""
+    the fixed order (labkit.parallelize) and its counters reset (training traffic only).
+    ``zero_classes``: {ZeRO stage: DP class} replacing the runtime's (the memory lab's comparison).
+    ``topo``: the Topology of a ``cfg`` its caller validated (labkit.train: once per launch, before
+    any process starts); None: validate here (the measurements and tests that build ranks)."""
     import torch
     import torch.distributed as dist
 
@@ -168,10 +171,10 @@ def build_rank(cfg: TrainConfig, seed: int = 0):
     from .parallelize import parallelize
     from .precision import params_dtype
 
-    topo = cfg.validate(dist.get_world_size())
+    topo = cfg.validate(dist.get_world_size()) if topo is None else topo
     groups = build_groups(topo)
     model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=params_dtype(cfg))
-    engine = parallelize(model, topo, groups, cfg, seed)
+    engine = parallelize(model, topo, groups, cfg, seed, zero_classes)
     for g in groups.values():
         g.stats.reset()
     return topo, groups, engine
@@ -224,7 +227,7 @@ def _worker(cfg: TrainConfig, steps: int, seed: int, log_interval: int, capture_
     from .launcher import now, send_to_parent
     from .parallelize import dense_shards
 
-    topo, groups, engine = build_rank(cfg, seed)
+    topo, groups, engine = build_rank(cfg, seed, topo=cfg.topology(dist.get_world_size()))  # train() validated
     for chunk in engine.runner.chunks:      # Megatron logs the MoE values: keep the routers' statistics
         moe_stats.attach(chunk)
     rank, gbs = dist.get_rank(), cfg.global_batch(topo)

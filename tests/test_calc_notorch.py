@@ -36,3 +36,24 @@ def test_calc_runs_without_torch_numpy_pandas():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert "OK 10784206080.0 16" in out.stdout   # Megatron d98e8a64: norms replicated over TP
+
+
+def test_the_browser_bundle_holds_every_module_it_imports(tmp_path):
+    """The files the book ships to Pyodide (book/_ext/labkit_static.py ``sources``) import with
+    nothing else on the path: a module labkit.calc or the topology starts to import is shipped too."""
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        import labkit_static
+    finally:
+        sys.path.remove(str(ROOT / "book" / "_ext"))
+    for src in labkit_static.sources():
+        rel = src.name if src.parent == labkit_static.HERE else src.relative_to(ROOT).as_posix()
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(src.read_text())
+    script = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n" + SCRIPT.split("import labkit.calc")[0]
+              + "import labkit, labkit_answers\nassert labkit.__file__.startswith(sys.path[0]), labkit.__file__\n"
+                "a = labkit_answers.calculate('memory', {})\nassert 'error' not in a, a\n"
+                "a = labkit_answers.calculate('memory-explorer', {})\nassert 'error' not in a, a\nprint('OK')\n")
+    out = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stderr

@@ -65,6 +65,73 @@ def test_flat_boxes_split_rows_and_refuse_a_bad_range():
         flat_boxes((3, 4), 5, 13)
 
 
+def _one_rank_members():
+    """One instance of every DP / ZeRO class on a one-rank group (no processes), over a Linear."""
+    from labkit.config import TrainConfig
+    from labkit.data_parallel import ddp, fsdp, mixed, zero
+    from labkit.groups import Group
+    out = []
+    for make in (lambda n, g, c, m: ddp.NaiveDataParallel(n, g, c),
+                 lambda n, g, c, m: ddp.BucketedDataParallel(n, g, c, 8),
+                 lambda n, g, c, m: mixed.MixedPrecisionDataParallel(n, g, c, distributed=True),
+                 zero.ZeRO1, zero.ZeRO2, zero.ZeRO3WholeModel, fsdp.ZeRO2Bucketed, fsdp.ZeRO3PerLayer):
+        model = torch.nn.Linear(3, 5)
+        out.append(make(list(model.named_parameters()), Group("dp", (0,), None), TrainConfig(), model))
+    return out
+
+
+def test_every_dp_class_names_what_its_optimizer_steps():
+    """Each DP class's checkpoint_views covers every tensor its optimizer steps, and its runs
+    tile each parameter exactly once (one rank: its shard is the whole buffer)."""
+    from labkit.checkpoint import holdings
+    for member in _one_rank_members():
+        table = holdings.runs(member)
+        assert {id(p) for p in holdings.optimizer_params(member)} == set(table), type(member).__name__
+        covered = {}
+        for rs in table.values():
+            for name, lo, hi, _ in rs:
+                covered[name] = covered.get(name, 0) + hi - lo
+        assert covered == {"weight": 15, "bias": 5}, (type(member).__name__, covered)
+        assert isinstance(member.grads_sharded, bool)
+
+
+def test_a_dp_class_without_the_interface_is_refused():
+    """The checkpoint asks a DP object through DataParallelMember, never by hasattr: an object of
+    another class is refused naming it, and a subclass that leaves out checkpoint_views or
+    grads_sharded cannot be built."""
+    from types import SimpleNamespace
+
+    from labkit.checkpoint import holdings
+    from labkit.data_parallel.ddp import NaiveDataParallel
+    from labkit.data_parallel.member import DataParallelMember
+
+    class HomeMadeDP:                        # has everything a hasattr probe would look for
+        grads_sharded = False
+
+        def __init__(self, inner):
+            self.names, self.params, self.optimizer = inner.names, inner.params, inner.optimizer
+
+        def checkpoint_views(self):
+            return {}
+    inner = _one_rank_members()[0]
+    assert isinstance(inner, NaiveDataParallel)
+    engine = SimpleNamespace(plan=None, dp=SimpleNamespace(members=[HomeMadeDP(inner)]))
+    with pytest.raises(TypeError, match=r"checkpoint: HomeMadeDP is not a data-parallel class.*"
+                                        r"DataParallelMember.*checkpoint_views\(\) and grads_sharded"):
+        holdings.tensor_state(engine)
+
+    class NoViews(DataParallelMember):
+        grads_sharded = False
+
+    class NoShardedFlag(DataParallelMember):
+        def checkpoint_views(self):
+            return {}
+    with pytest.raises(TypeError, match="abstract method.*checkpoint_views"):
+        NoViews()
+    with pytest.raises(TypeError, match="abstract method.*grads_sharded"):
+        NoShardedFlag()
+
+
 def test_owned_only_skips_the_blocks_another_rank_writes():
     """A K/V group shared by two TP ranks (GQA, fewer groups than ranks): only the owner writes it."""
     kv_owner = sp.qkv(num_heads=4, num_groups=1, head_dim=2, parts=2, index=0)

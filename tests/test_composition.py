@@ -61,7 +61,7 @@ def test_losses_and_grad_norms_equal_one_device(trained):
     name, (res, ref) = trained
     assert_close(torch.tensor(res.losses), torch.tensor(ref["losses"]), rtol=0, atol=1e-11, msg=name)
     assert_close(torch.tensor(res.grad_norms), torch.tensor(ref["grad_norms"]), rtol=1e-11, atol=0,
-                 msg=f"{name}: gradient norm (each value counted once: param_attrs.owns)")
+                 msg=f"{name}: gradient norm (each value counted once: the shard plan's owned_ranges)")
 
 
 def test_every_parameter_gradient_equals_one_device(trained):

@@ -5,8 +5,9 @@
   with order tp-cp-ep-dp-pp and ep = 1, the expert generator with tp = etp, cp = 1 and
   dp = world / (etp*ep*pp)); ``generate_masked_orthogonal_rank_groups`` is transcribed below,
   an independent construction of the same groups.
-* ``param_attrs.owns`` counts every value of every expert exactly once over the world, with and
-  without ZeRO, with etp 1 and etp = tp.
+* the shard plan's one rule (``ParamShard.owned_ranges``) on the expert-parallel plan's entries
+  counts every value of every expert exactly once over the world, with and without ZeRO, with
+  etp 1 and etp = tp.
 * labkit.calc: experts sharded over EP x ETP and their optimizer states over expert-DP (memory),
   Megatron's expert grid rule, the presets' parameter counts, the planner searching EP.
 """
@@ -17,7 +18,6 @@ import itertools
 import pytest
 
 from labkit import calc
-from labkit.param_attrs import owns
 from labkit.topology import Topology
 
 
@@ -88,34 +88,46 @@ def test_etp_equal_tp_carves_ep_out_of_dp_x_cp():
         Topology(8, tp=2, ep=3)
 
 
-class P:
-    """A parameter stand-in with Megatron's tags."""
-    def __init__(self, **tags):
-        self.__dict__.update(tags)
+def expert_entries(t: Topology, coords: dict) -> dict:
+    """{name: ParamShard} of one routed expert on the rank at ``coords``, as the expert-parallel plan
+    makes them (``apply_expert_parallel``: averaged over edp, then ``cut_expert`` over etp; a
+    stand-in etp group: no processes)."""
+    from types import SimpleNamespace
+
+    from labkit import shard_plan as sp
+    from labkit.expert_parallel.plan import cut_expert
+    from labkit.model import GPTConfig
+    from labkit.modules import MLP
+    mlp = MLP(GPTConfig(num_layers=1, hidden_size=8, num_attention_heads=2, seq_length=4, ffn_hidden_size=8),
+              expert=True)
+    entries = {n: sp.ParamShard(n, tuple(p.shape)).with_(dp="edp", dp_index=coords["edp"], expert=True)
+               for n, p in mlp.named_parameters()}
+    return cut_expert(mlp, SimpleNamespace(size=t.etp, rank=coords["etp"]), entries) if t.etp > 1 else entries
 
 
 @pytest.mark.parametrize("kw", [dict(world_size=8, tp=2, ep=2), dict(world_size=8, tp=2, ep=4, etp=1),
                                 dict(world_size=8, pp=2, ep=2)])
 @pytest.mark.parametrize("zero", [False, True])
-def test_owns_counts_every_expert_value_once(kw, zero):
+def test_the_plan_counts_every_expert_value_once(kw, zero):
     t = Topology(**kw)
     E, edp_shards = 8, t.edp if zero else 1
-    counted = {}
+    counted, cut = {}, {}
     for r in range(t.world_size):
         coords = {**t.coords(r), **t.expert_coords(r)}
         n_local = E // t.ep
+        entries = expert_entries(t, coords)
         for e in range(coords["ep"] * n_local, (coords["ep"] + 1) * n_local):
-            for name, param in (("w1", P(allreduce=False, tensor_model_parallel=t.etp > 1)),
-                                ("b2", P(allreduce=False))):
-                if owns(param, coords, dp_sharded=zero):
-                    part = (coords["etp"] if t.etp > 1 and name == "w1" else 0,
-                            coords["edp"] if zero else 0)
+            for name, entry in entries.items():
+                cut[name] = entry.cut == "etp"
+                if entry.owned_ranges(dp_sharded=zero):
+                    part = (coords["etp"] if cut[name] else 0, coords["edp"] if zero else 0)
                     key = (coords["pp"], e, name, part)
                     counted[key] = counted.get(key, 0) + 1
-    parts = {"w1": (t.etp if t.etp > 1 else 1) * edp_shards, "b2": edp_shards}
-    for pp, e, name in itertools.product(range(t.pp), range(E), ("w1", "b2")):
+    assert set(cut) == {"linear_fc1.weight", "linear_fc1.bias", "linear_fc2.weight", "linear_fc2.bias"}
+    assert any(cut.values()) == (t.etp > 1) and not cut["linear_fc2.bias"]   # a bias etp rank 0 adds
+    for pp, e, name in itertools.product(range(t.pp), range(E), cut):
         found = [v for (p_, e_, n_, _), v in counted.items() if (p_, e_, n_) == (pp, e, name)]
-        assert found == [1] * parts[name], (pp, e, name, found)
+        assert found == [1] * ((t.etp if cut[name] else 1) * edp_shards), (pp, e, name, found)
 
 
 def test_memory_shards_experts_over_ep_x_etp_and_optimizer_over_expert_dp():

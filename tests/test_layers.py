@@ -17,7 +17,7 @@ PKG = ROOT / "labkit"
 LAYERS = {
     # L0 pure: rules, layouts, calculators, schedules as data
     "labkit.topology": 0, "labkit.config": 0, "labkit.precision_rules": 0, "labkit.param_attrs": 0, "labkit.calc": 0,
-    "labkit.spec": 0, "labkit.roles": 0, "labkit.shard_plan": 0, "labkit.pipeline_parallel.placement": 0,
+    "labkit.spec": 0, "labkit.roles": 0, "labkit.validate": 0, "labkit.shard_plan": 0, "labkit.pipeline_parallel.placement": 0,
     "labkit.pipeline_parallel.schedules": 0, "labkit.pipeline_parallel.simulate": 0,
     "labkit.pipeline_parallel.p2p_plan": 0, "labkit.figures.style": 0,
     # L1 runtime: processes, groups, collectives, the dense model, data

@@ -209,21 +209,35 @@ def test_per_layer_zero3_prefetches_and_holds_one_shard_plus_two_units():
     assert max(b for _, _, b in t["whole-model"]) == shard + sum(full for _, full, _ in t["units"])
 
 
-def test_zero2_never_holds_a_full_gradient():
+def test_zero2_never_holds_a_full_gradient_and_a_plain_run_records_nothing():
+    """Per-layer ZeRO-2/3 record events and memory samples only inside ``dp.recording()``: a plain
+    step leaves every list the DP object holds as long as it was (nothing accumulates)."""
     def worker():
         from labkit import data
         from labkit.config import TrainConfig
         from labkit.training import build_rank, rank_microbatches
-        cfg = TrainConfig(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16, micro_batch_size=2,
-                          zero_stage=2)
-        topo, _, engine = build_rank(cfg)
-        dp = engine.dp.members[-1]
-        engine.step(rank_microbatches(cfg, topo, 0, 0, data.load_tokens()))
-        full = sum(p.numel() * p.element_size() for p in dp.params)
-        return max(dp.grad_samples), full, len(dp.units), [e for e in dp.events if e[0] == "reduce_scatter"]
-    peak, full, units, scatters = labkit.launch(worker, 2)[0]
-    # one reduce-scatter per unit (a layer, the embedding, the head), each while the backward runs
-    assert len(scatters) == units == 6 and peak < full / 2, (peak, full, scatters)
+        tokens, out = data.load_tokens(), {}
+        for stage in (2, 3):
+            cfg = TrainConfig(num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=16,
+                              micro_batch_size=2, global_batch_size=8, zero_stage=stage)
+            topo, _, engine = build_rank(cfg)
+            dp = engine.dp.members[-1]
+            lengths = lambda: {k: len(v) for k, v in vars(dp).items() if isinstance(v, list)}  # noqa: E731
+            before = lengths()
+            engine.step(rank_microbatches(cfg, topo, 0, 0, tokens))           # a plain step: 2 microbatches
+            plain = (before, lengths(), dp.probe)
+            with dp.recording() as rec:
+                engine.step(rank_microbatches(cfg, topo, 1, 0, tokens))
+            full = sum(p.numel() * p.element_size() for p in dp.params)
+            out[stage] = plain, dp.probe, max(rec.grad_samples), full, len(dp.units), \
+                [e for e in rec.events if e[0] == "reduce_scatter"], len(rec.samples)
+        return out
+    for stage, ((before, after, probe), probe_after, peak, full, units, scatters, samples) in \
+            labkit.launch(worker, 2)[0].items():
+        assert before == after and probe is None and probe_after is None, (stage, before, after)
+        # one reduce-scatter per unit (a layer, the embedding, the head) per microbatch, during the backward
+        assert len(scatters) == 2 * units == 12 and peak < full / 2, (stage, peak, full, scatters)
+        assert samples >= len(scatters), (stage, samples)
 
 
 def test_memory_figures_are_legible_on_a_phone():

@@ -20,7 +20,7 @@ from labkit.config import TrainConfig
 from labkit.measure.activations import korthikanti_gaps, labkit_layer_activation_bytes
 from labkit.measure.tensor_parallel import block_parity
 from labkit.reference import train_reference
-from labkit.tensor_parallel.sequence_parallel import mark_sequence_parallel, sequence_range
+from labkit.tensor_parallel.sequence_parallel import sequence_range
 
 F64 = dict(atol=1e-12, rtol=1e-10)
 S, B, H, A = 16, 2, 32, 4
@@ -84,17 +84,27 @@ def test_sequence_range_and_rule():
         TrainConfig(seq_length=30, tensor_model_parallel_size=4, sequence_parallel=True).validate(4)
 
 
-def test_mark_sequence_parallel_flags_only_layer_norms():
+def test_the_tp_plan_sums_over_tp_what_sp_feeds_sequence_shards():
+    """The one rule (the TP plan, from labkit.roles): under SP the norms and the row-parallel biases
+    (Megatron tags both ``sequence_parallel``) get partial gradients, summed over tp; without SP
+    nothing but a per-head QK-layernorm, whose heads are cut. The tags follow the plan.
+    One layer cut for tp rank 0 of 2 (a stand-in group: no processes)."""
+    from types import SimpleNamespace
+
+    from labkit import shard_plan as sp
     from labkit.model import GPTConfig, TransformerLayer
-    layer = TransformerLayer(GPTConfig())
-    mark_sequence_parallel(layer)
-    flagged = {n for n, p in layer.named_parameters() if getattr(p, "sequence_parallel", False)}
-    assert flagged == {f"{ln}.{w}" for ln in ("input_layernorm", "pre_mlp_layernorm")
-                       for w in ("weight", "bias")}
-    qk = TransformerLayer(GPTConfig(qk_layernorm=True))          # read from labkit.roles, not names
-    mark_sequence_parallel(qk)
-    flagged = {n for n, p in qk.named_parameters() if getattr(p, "sequence_parallel", False)}
-    assert {"self_attention.q_layernorm.weight", "self_attention.k_layernorm.bias"} < flagged
+    from labkit.tensor_parallel.plan import apply_plan, tp_plan
+    norms = {f"{ln}.{w}" for ln in ("input_layernorm", "pre_mlp_layernorm") for w in ("weight", "bias")}
+    biases = {"self_attention.linear_proj.bias", "mlp.linear_fc2.bias"}
+    qk = {f"self_attention.{q}_layernorm.{w}" for q in "qk" for w in ("weight", "bias")}
+    for qk_layernorm, sequence_parallel, want in ((False, False, set()), (False, True, norms | biases),
+                                                  (True, False, qk), (True, True, norms | biases | qk)):
+        layer = TransformerLayer(GPTConfig(qk_layernorm=qk_layernorm))
+        plan = sp.initial(layer)
+        apply_plan(layer, tp_plan(sequence_parallel), SimpleNamespace(size=2, rank=0), plan)
+        summed = {n for n, e in plan.items() if "tp" in e.sum_axes()}
+        tagged = {n for n, p in layer.named_parameters() if getattr(p, "sequence_parallel", False)}
+        assert summed == tagged == want, (qk_layernorm, sequence_parallel, summed ^ want, tagged ^ want)
 
 
 TRAIN = dict(micro_batch_size=2, global_batch_size=4, hidden_size=32, seq_length=32, num_layers=2)

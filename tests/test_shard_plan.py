@@ -72,18 +72,10 @@ def test_ranges_sums_tags_and_ownership():
     assert q.with_(dp_index=1).owned_ranges(False) == [] and q.with_(dp_index=1).owned_ranges(True) == [(0, 3)]
     copy = sp.ParamShard("embedding.word_embeddings.weight", (8, 2)).with_replicas("embd", 1, 2, summed=True)
     assert copy.tags() == {"tensor_model_parallel": False, "shared_embedding": True, "shared": True}
+    assert copy.owned_ranges(False) == [] and copy.with_replicas("tp", 0, 2).owned_ranges(False) == []
+    first = sp.ParamShard("embedding.word_embeddings.weight", (8, 2)).with_replicas("embd", 0, 2, summed=True)
+    assert first.owned_ranges(False) == [(0, 16)]          # the first stage's copy counts the tied weight
     assert sp.ShardPlan({"a": q, "b": e, "c": copy}).sum_axes() == ["tp", "tp_kv", "embd"]
-
-
-def test_param_attrs_owns_is_the_plan_rule_on_megatron_tags():
-    from labkit.param_attrs import owns
-
-    class P:
-        pass
-    p = P()
-    assert owns(p, {"tp": 0, "dp": 0, "cp": 0}) and not owns(p, {"tp": 1, "dp": 0, "cp": 0})
-    p.shared = True
-    assert not owns(p, {"tp": 0, "dp": 0, "cp": 0})
 
 
 # -- stage placement: one owner ---------------------------------------------------------------------

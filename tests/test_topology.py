@@ -1,5 +1,6 @@
 """Tier 1 (no processes): Topology is a pure value with Megatron's tp-cp-ep-dp-pp order."""
 import itertools
+import re
 
 import pytest
 
@@ -61,3 +62,17 @@ def test_frozen_and_bad_queries():
     with pytest.raises(ValueError, match="unknown axis"):
         t.groups("dim")
     assert t.group_of("tp", 3) == [2, 3]
+
+
+def test_one_integer_check_names_the_field_and_the_value():
+    """labkit.validate: the one check every count goes through (topology, config, calc, schedules)."""
+    from labkit.validate import int_at_least, positive_int
+    assert positive_int("tp", 2) == 2 and positive_int("gbs", None, allow_none=True) is None
+    for bad in (0, -1, True, 1.0, "2", None):
+        with pytest.raises(ValueError, match=rf"^tp must be a positive integer, got {re.escape(repr(bad))}$"):
+            positive_int("tp", bad)
+    with pytest.raises(ValueError, match=r"^save_interval must be a positive integer \(iterations\), got 0$"):
+        positive_int("save_interval", 0, note=" (iterations)")
+    assert int_at_least("chunk", 0, 0) == 0
+    with pytest.raises(ValueError, match=r"^chunk must be an integer >= 0, got -1$"):
+        int_at_least("chunk", -1, 0)

@@ -3,9 +3,10 @@
 The calculator page (book/calculators.md) and the memory explorer run labkit.calc in the browser
 with Pyodide, in a Web Worker (``_static/explorers/calc-worker.js``), so the formulas have a single
 source. At the end of an HTML build this copies ``labkit/__init__.py``, ``labkit/topology.py``,
-``labkit/calc/*.py`` and ``labkit_answers.py`` (this folder: the answers as data) to
-``_static/labkit_src/`` and writes ``manifest.json`` (the list of files) for the worker to load
-into Pyodide's file system. Pure standard library; no network.
+``labkit/validate.py`` (the one integer check), ``labkit/calc/*.py``, stage placement and
+``labkit_answers.py`` (this folder: the answers as data) to ``_static/labkit_src/`` and writes
+``manifest.json`` (the list of files) for the worker to load into Pyodide's file system (the test
+``test_calc_notorch.py`` imports them with nothing else on the path). Pure standard library; no network.
 
 It also removes two JavaScript console errors the theme stack (Jupyter Book 1.0.4) prints on every
 page, so that the browser test can demand a clean console: sphinx-thebe registers its inline
@@ -25,7 +26,7 @@ ROOT = HERE.parents[1]
 
 def sources() -> list[Path]:
     pkg = ROOT / "labkit"
-    return [pkg / "__init__.py", pkg / "topology.py", *sorted((pkg / "calc").glob("*.py")),
+    return [pkg / "__init__.py", pkg / "topology.py", pkg / "validate.py", *sorted((pkg / "calc").glob("*.py")),
             pkg / "pipeline_parallel" / "__init__.py", pkg / "pipeline_parallel" / "placement.py",  # stage placement
             ROOT / "book" / "_ext" / "labkit_answers.py"]
 

@@ -17,13 +17,9 @@ from __future__ import annotations
 import math
 import numbers
 
+from ..validate import positive_int
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-
-
-def _check_group(n, name="group size") -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive integer, got {n!r}")
-    return n
 
 
 def _check_size(name, value):
@@ -42,28 +38,28 @@ def _check_sizes(**sizes) -> None:
 def ring_all_reduce_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in a ring all-reduce of an N-byte tensor over n ranks: 2(n-1)/n * N."""
     _check_size("n_bytes", n_bytes)
-    n = _check_group(n)
+    n = positive_int("group size", n)
     return 2.0 * (n - 1) / n * n_bytes
 
 
 def all_gather_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in a ring all-gather whose OUTPUT is N bytes: (n-1)/n * N."""
     _check_size("n_bytes", n_bytes)
-    n = _check_group(n)
+    n = positive_int("group size", n)
     return (n - 1) / n * n_bytes
 
 
 def reduce_scatter_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in a ring reduce-scatter whose INPUT is N bytes: (n-1)/n * N."""
     _check_size("n_bytes", n_bytes)
-    n = _check_group(n)
+    n = positive_int("group size", n)
     return (n - 1) / n * n_bytes
 
 
 def all_to_all_bytes(n_bytes, n) -> float:
     """Bytes one rank sends in an all-to-all of its N-byte input: (n-1)/n * N (1/n stays home)."""
     _check_size("n_bytes", n_bytes)
-    n = _check_group(n)
+    n = positive_int("group size", n)
     return (n - 1) / n * n_bytes
 
 
@@ -91,8 +87,7 @@ def dp_step_bytes(param_bytes, dp, zero_stage=0, grad_bytes=None, num_microbatch
     param_bytes = param_bytes if gather_bytes is None else gather_bytes     # what the gathers carry
     _check_sizes(param_bytes=param_bytes, grad_bytes=g)
     m = num_microbatches
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"num_microbatches must be a positive integer, got {m!r}")
+    positive_int("num_microbatches", m)
     if zero_stage == 0:
         return {"all_reduce": ring_all_reduce_bytes(g, dp)}
     if zero_stage == 1:
@@ -142,8 +137,8 @@ def pp_step_bytes(seq_length, micro_batch_size, hidden_size, num_microbatches, p
 
         {"send_forward": m * k_fwd * N, "send_backward": m * k_bwd * N},  N = s*b*h*bytes
     """
-    _check_group(pp, "pp")
-    _check_group(virtual_pipeline_size, "virtual_pipeline_size")
+    positive_int("pp", pp)
+    positive_int("virtual_pipeline_size", virtual_pipeline_size)
     _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
                  num_microbatches=num_microbatches, bytes_per_element=bytes_per_element)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
@@ -180,7 +175,7 @@ def cp_attention_bytes(seq_length, micro_batch_size, kv_hidden_size, cp, bytes_p
     For a fixed s the ring's total 3 (c-1) kv = 6 (c-1)/c * s b hkv elements, 12 (c-1)/c * s b hkv
     bytes in 16-bit, hardly changes with c; the all-to-alls' falls as 1/c (Jacobs et al. 2023).
     """
-    _check_group(cp, "cp")
+    positive_int("cp", cp)
     _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, kv_hidden_size=kv_hidden_size,
                  bytes_per_element=bytes_per_element, hidden_size=hidden_size or 0)
     cp_comm_type = CP_COMM_ALIASES.get(cp_comm_type, cp_comm_type)
@@ -234,7 +229,7 @@ def expert_tp_layer_bytes(seq_length, micro_batch_size, hidden_size, etp, moe_ro
     N = s b k h bytes of rows it holds after the all-to-all are all-gathered to the etp ranks (each
     computes every row on its slice of the expert) and the partial outputs reduce-scattered back;
     the backward does the conjugates. Unlike EP's (ep - 1)/ep, this grows with etp - 1."""
-    _check_group(etp, "etp")
+    positive_int("etp", etp)
     _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
                  moe_router_topk=moe_router_topk, bytes_per_element=bytes_per_element)
     n_bytes = seq_length * micro_batch_size * moe_router_topk * hidden_size * bytes_per_element
@@ -257,7 +252,7 @@ def ep_allgather_layer_bytes(seq_length, micro_batch_size, hidden_size, num_expe
     ranks (etp x ep; Megatron's ``MoEAllGatherTokenDispatcher``). Forward: all-gather the tokens
     [T, h], the probabilities [T, E] and the 1-byte routing map, reduce-scatter the output [n T, h];
     backward: reduce-scatter the token and probability gradients, all-gather the output's."""
-    _check_group(n)
+    positive_int("group size", n)
     _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
                  num_experts=num_experts, bytes_per_element=bytes_per_element)
     t = seq_length * micro_batch_size
@@ -269,7 +264,7 @@ def ep_allgather_layer_bytes(seq_length, micro_batch_size, hidden_size, num_expe
 # --------------------------------------------------------------------------- time on a link
 def ring_steps(op: str, n: int) -> int:
     """Number of sequential ring hops (each paying the latency alpha) of a collective."""
-    n = _check_group(n)
+    n = positive_int("group size", n)
     steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1,
              "all_to_all": n - 1, "send_recv": 1, "send_forward": 1, "send_backward": 1}
     if op not in steps:

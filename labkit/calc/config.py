@@ -15,15 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ..validate import positive_int
 from .moe import checked_layer_freq, moe_layer_pattern
 from .rules import validate, virtual_pipeline_size  # noqa: F401 - the rule book, re-exported
-
-
-def _pos_int(name, value, allow_none=False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -56,11 +50,11 @@ class ModelConfig:
     def __post_init__(self):
         for f in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
                   "make_vocab_size_divisible_by", "moe_router_topk"):
-            _pos_int(f, getattr(self, f))
+            positive_int(f, getattr(self, f))
         object.__setattr__(self, "moe_layer_freq", checked_layer_freq(self.moe_layer_freq, self.num_layers))
         for f in ("num_query_groups", "ffn_hidden_size", "kv_channels", "num_experts",
                   "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "max_position_embeddings"):
-            _pos_int(f, getattr(self, f), allow_none=True)
+            positive_int(f, getattr(self, f), allow_none=True)
         if self.normalization not in ("LayerNorm", "RMSNorm"):
             raise ValueError(f"normalization must be LayerNorm or RMSNorm, got {self.normalization!r}")
         if self.position_embedding_type not in ("learned_absolute", "rope", "none"):
@@ -138,13 +132,13 @@ class ParallelConfig:
     def __post_init__(self):
         for f in ("world_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
                   "context_parallel_size", "expert_model_parallel_size", "micro_batch_size"):
-            _pos_int(f, getattr(self, f))
-        _pos_int("num_layers_per_virtual_pipeline_stage",
+            positive_int(f, getattr(self, f))
+        positive_int("num_layers_per_virtual_pipeline_stage",
                  self.num_layers_per_virtual_pipeline_stage, allow_none=True)
-        _pos_int("global_batch_size", self.global_batch_size, allow_none=True)
-        _pos_int("expert_tensor_parallel_size", self.expert_tensor_parallel_size, allow_none=True)
-        _pos_int("decoder_first_pipeline_num_layers", self.decoder_first_pipeline_num_layers, allow_none=True)
-        _pos_int("decoder_last_pipeline_num_layers", self.decoder_last_pipeline_num_layers, allow_none=True)
+        positive_int("global_batch_size", self.global_batch_size, allow_none=True)
+        positive_int("expert_tensor_parallel_size", self.expert_tensor_parallel_size, allow_none=True)
+        positive_int("decoder_first_pipeline_num_layers", self.decoder_first_pipeline_num_layers, allow_none=True)
+        positive_int("decoder_last_pipeline_num_layers", self.decoder_last_pipeline_num_layers, allow_none=True)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.recompute_granularity not in (None, "selective", "full"):
@@ -163,7 +157,7 @@ class ParallelConfig:
         g, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
         if method not in (None, "uniform", "block"):
             raise ValueError(f'recompute_method: {method} must be "block" or "uniform".')
-        _pos_int("recompute_num_layers", n, allow_none=True)
+        positive_int("recompute_num_layers", n, allow_none=True)
         if g == "full":
             if method is None:
                 raise ValueError('Using recompute_granularity: full so recompute_method must be "block" or "uniform"')
@@ -261,8 +255,7 @@ class PrecisionConfig:
     def state_bytes_per_param(self, dp: int = 1, distributed_optimizer: bool = False) -> float:
         """Model-state bytes per parameter on one rank: weight + main_grad + (optimizer [+ fp32
         gradient copy]) / d with the distributed optimizer over ``dp`` ranks, else / 1."""
-        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
-            raise ValueError(f"dp must be a positive integer, got {dp!r}")
+        positive_int("dp", dp)
         d = dp if distributed_optimizer else 1
         return self.bytes_param + self.bytes_grad + self.sharded_bytes / d
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..validate import positive_int
+
 GIB = 1024 ** 3
 
 
@@ -42,9 +44,7 @@ class Cluster:
 
     def __post_init__(self):
         for f in ("gpus_per_node", "nodes"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{f} must be a positive integer, got {v!r}")
+            positive_int(f, getattr(self, f))
 
     @property
     def world_size(self) -> int:

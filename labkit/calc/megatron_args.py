@@ -22,6 +22,7 @@ import difflib
 import math
 from types import SimpleNamespace
 
+from ..validate import int_at_least
 from .config import ModelConfig, ParallelConfig, validate
 from .megatron_flags import CHOICES, ESTIMATE_DEFAULTS, LISTS, SWITCHES, VALUES
 
@@ -146,9 +147,7 @@ def megatron_args(world_size: int, **kwargs) -> SimpleNamespace:
         raise ValueError(f"missing required Megatron arguments: {missing}")
     for name in _POSITIVE:
         value = getattr(a, name)
-        low = 0 if name == "mtp_num_layers" else 1
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        int_at_least(name, value, 0 if name == "mtp_num_layers" else 1, allow_none=True)
     if a.padded_vocab_size is None and a.vocab_size is None:
         raise ValueError("give vocab_size (the tokenizer's) or padded_vocab_size")
     a.data_parallel_size = world_size // (tp * pp * cp)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from ..validate import positive_int
 from .config import (MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, num_microbatches,
                      virtual_pipeline_size)
 from .comm import _check_sizes
@@ -47,8 +48,7 @@ def zero_memory_per_rank(num_params, dp, zero_stage, bytes_param=4, bytes_grad=4
     """
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
-        raise ValueError(f"dp must be a positive integer, got {dp!r}")
+    positive_int("dp", dp)
     _check_sizes(num_params=num_params, bytes_param=bytes_param, bytes_grad=bytes_grad, bytes_optim=bytes_optim)
     shard = math.ceil(num_params / dp)
     return {"params": (shard if zero_stage >= 3 else num_params) * bytes_param,
@@ -69,8 +69,7 @@ def activation_bytes_per_layer(seq_length, micro_batch_size, hidden_size, num_at
     """
     _check_sizes(seq_length=seq_length, micro_batch_size=micro_batch_size, hidden_size=hidden_size,
                  num_attention_heads=num_attention_heads)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    positive_int("tp", tp)
     s, b, h, a, t = seq_length, micro_batch_size, hidden_size, num_attention_heads, tp
     if recompute not in (None, "selective", "full"):
         raise ValueError(f"recompute must be None, 'selective' or 'full', got {recompute!r}")

@@ -13,6 +13,8 @@ import math
 import re
 from dataclasses import dataclass, fields
 
+from ..validate import positive_int
+
 MAX_PATTERN_CHARS = 10_000   # a literal 0/1 list for 5,000 layers; anything longer is refused unread
 MAX_PATTERN_LAYERS = 100_000  # the bound on a pattern's length when num_layers is not known
 
@@ -25,8 +27,7 @@ def moe_layer_pattern(moe_layer_freq, num_layers: int) -> list[int]:
             raise ValueError(f"rule: a moe_layer_freq pattern has one 0 or 1 per layer; got "
                              f"{list(moe_layer_freq)} for {num_layers} layers")
         return list(moe_layer_freq)
-    if isinstance(moe_layer_freq, bool) or not isinstance(moe_layer_freq, int) or moe_layer_freq < 1:
-        raise ValueError(f"moe_layer_freq must be a positive integer or a 0/1 pattern, got {moe_layer_freq!r}")
+    positive_int("moe_layer_freq", moe_layer_freq, note=" or a 0/1 pattern")
     return [int(i % moe_layer_freq == 0) for i in range(num_layers)]
 
 

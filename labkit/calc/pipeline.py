@@ -7,6 +7,8 @@ so the bubble is (p-1)/(v*m) (Sec. 2.2.2). ``labkit.schedules.simulate`` must ag
 """
 from __future__ import annotations
 
+from ..validate import positive_int
+
 
 def bubble_fraction(p, m, v=1) -> float:
     """Bubble time divided by ideal compute time: (p-1)/(v*m).
@@ -15,8 +17,7 @@ def bubble_fraction(p, m, v=1) -> float:
     (0.375, 0.1875)
     """
     for name, value in (("p", p), ("m", m), ("v", v)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"bubble_fraction: {name} must be a positive integer, got {value!r}")
+        positive_int(f"bubble_fraction: {name}", value)
     return (p - 1) / (v * m)
 
 
@@ -46,8 +47,7 @@ def pipeline_layer_ranges(num_layers, pp, vp=1, first=None, last=None,
     [[(0, 2)], [(2, 6)], [(6, 10)]]
     """
     for name, value in (("num_layers", num_layers), ("pp", pp), ("vp", vp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"pipeline_layer_ranges: {name} must be a positive integer, got {value!r}")
+        positive_int(f"pipeline_layer_ranges: {name}", value)
     uneven = first is not None or last is not None
     if uneven and (account_for_embedding or account_for_loss):
         raise ValueError("rule: decoder_first/last_pipeline_num_layers cannot be combined with "

@@ -11,6 +11,7 @@ default; see ``memory.py``), which the result records and ``explain`` states.
 """
 from __future__ import annotations
 
+from ..validate import positive_int
 from .config import MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, validate
 from .hardware import Cluster
 from .memory import check_attention, peak_memory
@@ -72,8 +73,7 @@ def plan(model: ModelConfig, cluster: Cluster, global_batch_size: int,
     """
     check_attention(attention)
     gbs = global_batch_size
-    if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1:
-        raise ValueError(f"global_batch_size must be a positive integer, got {gbs!r}")
+    positive_int("global_batch_size", gbs)
     if not 0 < headroom <= 1:   # also refuses nan
         raise ValueError(f"headroom must be in (0, 1], the share of GPU memory usable, got {headroom!r}")
     if model.num_experts and "expert_parallel_sizes" not in search:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..validate import positive_int
 from . import comm
 
 AXES = ("dp", "fsdp", "tp", "cp", "ep")
@@ -175,8 +176,7 @@ def crossover(axis: str, n: int, peak_flops: float, bandwidth: float, bytes_per_
     """
     if axis not in AXES:
         raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    positive_int("n", n)
     R, e, share = ridge(peak_flops, bandwidth), bytes_per_element, (n - 1) / n
     gate = 2 if swiglu else 1
     return {"dp": e / 3 * share * R, "fsdp": e / 2 * share * R, "tp": e / 9 * (n - 1) * R,

@@ -69,7 +69,7 @@ def _layer_run(fn, seed: int, p: float, seq_length: int, banning=None) -> dict:
     from ..groups import world_group
     from ..measure.activations import saved_activations
     from ..model import GPTConfig, TransformerLayer
-    from ..tensor_parallel.plan import apply_plan, layer_plan
+    from ..tensor_parallel.plan import apply_plan, tp_plan
 
     group = world_group()
     cfg = GPTConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, seq_length=seq_length,
@@ -79,7 +79,7 @@ def _layer_run(fn, seed: int, p: float, seq_length: int, banning=None) -> dict:
     with torch.no_grad():
         for prm in dense.parameters():
             prm.copy_(torch.randn(prm.shape, generator=gen, dtype=torch.float64) * 0.3)
-    layer = apply_plan(copy.deepcopy(dense), layer_plan(), group)
+    layer = apply_plan(copy.deepcopy(dense), tp_plan(), group)
     if fn is not None:
         core = layer.self_attention.core_attention
         run_core = core.forward

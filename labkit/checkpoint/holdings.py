@@ -5,8 +5,9 @@ Chapter "When training goes wrong". Nothing here knows a strategy: it reads the 
 (``engine.dp.members``) what its optimizer updates. An optimizer parameter is either a model
 parameter (plain DP) or a flat run of several (ZeRO / Megatron's distributed optimizer: the shard
 [lo, hi) of one flat buffer); :func:`runs` maps it to [(dense name, lo, hi, base)] element runs.
-A member with another layout (per-layer units, fp32 master weights) says so with a
-``checkpoint_views()`` method returning the same mapping: the checkpoint needs nothing else.
+Each DP class says which with its ``checkpoint_views()`` (the interface
+``labkit.data_parallel.member.DataParallelMember``, which every DP class derives from): the
+checkpoint needs nothing else, and refuses an object that does not derive from it.
 Mixed precision (bf16 / fp16): the fp32 masters are saved as the weights; a load fills the masters
 and the 16-bit parameters from them (rounded as the step rounds them); the main_grad buffer is
 transient (zero between iterations) and not saved.
@@ -33,6 +34,8 @@ import math
 
 import torch
 
+from ..data_parallel.member import DataParallelMember
+from ..precision import DynamicGradScaler
 from ..tensor_parallel.random import dropout_regions
 from .boxes import boxes
 from .dcp_io import Chunks
@@ -40,17 +43,13 @@ from .dcp_io import Chunks
 
 def runs(member) -> dict[int, list[tuple[str, int, int, int]]]:
     """{id(optimizer parameter): [(dense name, lo, hi, base)]}: its elements [base, base + hi - lo)
-    hold the elements [lo, hi) of that parameter's local (flattened) tensor."""
-    if hasattr(member, "checkpoint_views"):
-        return member.checkpoint_views()
-    if hasattr(member, "layout") and hasattr(member, "shard"):          # ZeRO: one flat shard
-        out, offsets = [], member.layout.offsets
-        for name, a, b in zip(member.names, offsets, offsets[1:]):
-            lo, hi = max(a, member.lo), min(b, member.hi)
-            if lo < hi:
-                out.append((name, lo - a, hi - a, lo - member.lo))
-        return {id(member.shard): out}
-    return {id(p): [(n, 0, p.numel(), 0)] for n, p in zip(member.names, member.params)}
+    hold the elements [lo, hi) of that parameter's local (flattened) tensor. Asked of the member
+    (``DataParallelMember.checkpoint_views``); any other object is refused, naming its class."""
+    if not isinstance(member, DataParallelMember):
+        raise TypeError(f"checkpoint: {type(member).__name__} is not a data-parallel class labkit knows "
+                        f"how to save: derive it from labkit.data_parallel.member.DataParallelMember and "
+                        f"define checkpoint_views() and grads_sharded")
+    return member.checkpoint_views()
 
 
 def optimizer_params(member) -> list:
@@ -64,7 +63,7 @@ def _mapped(member):
         if id(p) not in table:
             raise ValueError(f"checkpoint: {type(member).__name__}'s optimizer holds a tensor of shape "
                              f"{tuple(p.shape)} that no parameter maps to; give the DP class a "
-                             f"checkpoint_views() method (labkit/checkpoint/holdings.py)")
+                             f"checkpoint_views() that lists it (labkit/data_parallel/member.py)")
         out.append((p, table[id(p)]))
     return out
 
@@ -89,13 +88,14 @@ def tensor_state(engine, for_load: bool = False) -> dict:
     parameters when they are separate storage (ZeRO-3's shard, master weights) and of the states."""
     plan, out = engine.plan, {}
     for member in engine.dp.members:
-        sharded = bool(getattr(member, "grads_sharded", False))
+        mapped = _mapped(member)                       # (refuses a member that is no DP class)
+        sharded = member.grads_sharded
         model_storage = {p.untyped_storage().data_ptr() for p in member.params}
         if for_load:                                   # the weights, whole, wherever they live
             for name, p in zip(member.names, member.params):
                 if p.untyped_storage().nbytes():       # (ZeRO-3: freed between uses)
                     _add(out, "model", plan[name], p.detach().view(-1), 0, p.numel(), 0, False)
-        for opt_p, mapping in _mapped(member):
+        for opt_p, mapping in mapped:
             state = member.optimizer.state.get(opt_p, {})
             values = {"model": opt_p.detach()} if not for_load or \
                 opt_p.untyped_storage().data_ptr() not in model_storage else {}
@@ -148,8 +148,8 @@ SCALER_FIELDS = ("scale", "_growth_tracker", "_hysteresis_tracker")
 
 def scaler_state(engine) -> dict | None:
     """{field: value} of the Engine's dynamic loss scaler, or None (no scaler, or a constant one)."""
-    s = getattr(engine, "scaler", None)
-    return {k: getattr(s, k) for k in SCALER_FIELDS} if all(hasattr(s, k) for k in SCALER_FIELDS) else None
+    s = engine.scaler
+    return {k: getattr(s, k) for k in SCALER_FIELDS} if isinstance(s, DynamicGradScaler) else None
 
 
 def set_scaler_state(engine, state: dict) -> bool:

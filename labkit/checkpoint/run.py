@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import sys
 
+from ..validate import positive_int
 from . import files
 
 
 def check_arguments(cfg, steps: int, save, save_interval, load, async_save) -> dict:
     """{"save", "save_interval", "async_save", "load": files.Found or None}; ValueError if wrong."""
-    if save_interval is not None and (isinstance(save_interval, bool) or not isinstance(save_interval, int)
-                                      or save_interval < 1):
-        raise ValueError(f"save_interval must be a positive integer (iterations), got {save_interval!r}")
+    positive_int("save_interval", save_interval, allow_none=True, note=" (iterations)")
     if save_interval is not None and save is None:
         raise ValueError(f"save_interval {save_interval} without save: name the folder to save into")
     if not isinstance(async_save, bool):

@@ -1,5 +1,6 @@
 """Data parallelism and ZeRO (chapter "Data parallelism").
 
+    member.py        DataParallelMember: the interface every DP class offers (Engine, checkpoints)
     ddp.py           naive and bucketed DDP (all-reduce), gradient accumulation
     shard_layout.py  one flat buffer cut into dp shards (pure layout arithmetic)
     zero.py          ZeRO-1 (Megatron's distributed optimizer), ZeRO-2, ZeRO-3 (FSDP)

@@ -16,20 +16,8 @@ of the last microbatch triggers communication, once per optimizer step. Both sta
 weights (one broadcast at construction). ZeRO-1/2/3 are in zero.py; ``wrap.py`` picks one from the
 config (``ddp_bucket_size``, ``zero_stage``, ``use_distributed_optimizer``).
 
-The interface every DP implementation offers the Engine (labkit/parallelize.py):
-    grad_sync_context(is_last_microbatch)  context for a microbatch's backward (no_sync semantics)
-    finish_grad_sync()                     after all microbatches: gradients averaged over dp
-    all_reduce_grads(ranges_of, group)     sum some gradients over another group, in place, wherever
-                                           this DP keeps them: ``ranges_of(name)`` gives the element
-                                           ranges [(lo, hi)] of each parameter's flattened gradient
-                                           (the shard plan's ``sum_ranges``: SP norms over tp, a
-                                           shared K/V group over tp_kv, tied embeddings over embd)
-    grad_sq_sum(ranges_of)                 squared gradients this rank counts (``owned_ranges``)
-    scale_grads(coef)                      gradient clipping
-    step()                                 optimizer step, then gradients set to None (or zeroed)
-    grads_sharded                          True when each rank holds only a shard of the gradients
-    memory, held_bytes()                   bytes of params/grads/optimizer held (at the last sync / now)
-    full_parameters(), full_grads()        {name: full tensor}, for parity checks (gathers if sharded)
+The interface every DP implementation offers (the Engine, the checkpoints): the base class
+:class:`DataParallelMember` (member.py).
 """
 from __future__ import annotations
 
@@ -41,6 +29,8 @@ import torch.distributed as dist
 
 from .. import comm
 from ..groups import Group
+from ..validate import int_at_least
+from .member import DataParallelMember
 from .shard_layout import optimizer_state_bytes, storage_bytes
 
 
@@ -61,7 +51,7 @@ def all_reduce_ranges(group: Group, grad: torch.Tensor, ranges) -> None:
             flat[lo:hi].copy_(comm.all_reduce(group, flat[lo:hi]))
 
 
-class NaiveDataParallel:
+class NaiveDataParallel(DataParallelMember):
     """All-reduce (sum, then / dp) every gradient once, after the last microbatch's backward."""
 
     grads_sharded = False
@@ -109,6 +99,10 @@ class NaiveDataParallel:
     def full_grads(self) -> dict[str, torch.Tensor]:
         """{name: gradient} after ``finish_grad_sync`` (before ``step``)."""
         return {n: p.grad.detach().clone() for n, p in zip(self.names, self.params) if p.grad is not None}
+
+    def checkpoint_views(self) -> dict:
+        """{id(p): [(name, 0, numel, 0)]}: the optimizer steps the model's own parameters, whole."""
+        return {id(p): [(n, 0, p.numel(), 0)] for n, p in zip(self.names, self.params)}
 
     @torch.no_grad()
     def all_reduce_grads(self, ranges_of, group: Group) -> None:
@@ -170,8 +164,7 @@ class Bucket:
 
 def make_buckets(params, bucket_size: int, group: Group) -> list[Bucket]:
     """Fill buckets of >= ``bucket_size`` elements with params in REVERSE forward order."""
-    if bucket_size <= 0:
-        raise ValueError(f"bucket_size must be > 0 elements, got {bucket_size}")
+    int_at_least("bucket_size", bucket_size, 1, what="> 0 elements")
     buckets, current = [], []
     for p in reversed(params):  # the backward produces the last layer's gradients first
         current.append(p)

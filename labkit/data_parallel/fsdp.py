@@ -21,10 +21,10 @@ ZeRO-2 (:class:`ZeRO2Bucketed`): the parameters stay whole; each unit is a gradi
 
 Bytes per step (labkit.calc.comm ``dp_step_bytes``): the same as whole-model ZeRO-2/3 (every unit
 gathered twice per microbatch under ZeRO-3, every gradient reduce-scattered once per microbatch).
-``events`` records the order of gathers, computations, frees and reduce-scatters (the prefetch is
-shown by order, not by a time); ``samples`` the live parameter bytes (distinct storages of
-gathered units and shards) at every unit boundary, since the CPU has no allocator peak to read.
-The whole-model versions stay in zero.py, where the data-parallelism lab uses them to teach.
+``with dp.recording() as rec`` (probe.py; a plain run records nothing): ``rec.events`` the order of
+gathers, computations, frees and reduce-scatters (the prefetch shown by order); ``rec.samples`` the
+live parameter bytes at every unit boundary (the CPU has no allocator peak to read). The
+whole-model versions stay in zero.py, where the data-parallelism lab uses them to teach.
 """
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ import torch.distributed as dist
 from .. import comm
 from ..groups import Group, uncounted
 from .ddp import make_optimizer
+from .member import DataParallelMember
+from .probe import UnitProbe
 from .shard_layout import ShardLayout, optimizer_state_bytes, storage_bytes
 
 
@@ -96,26 +98,22 @@ def units_of(chunks, named, group: Group, keep_params: bool, split=None) -> list
     return out
 
 
-class _UnitSharded:
-    """What ZeRO-2 and ZeRO-3 by units share; the DP interface of ddp.py."""
+class _UnitSharded(DataParallelMember):
+    """What ZeRO-2 and ZeRO-3 by units share; the DP interface of member.py."""
 
     grads_sharded = True
-    zero_stage = 0
     frees_params = False
     split = None          # a predicate on parameters: those get units of their own (units_of)
 
     def __init__(self, named_params, group: Group, cfg, module=None):
         if module is None:
             raise ValueError(f"ZeRO-{self.zero_stage} needs the module, to cut it into units (one per layer)")
-        self.group, self.names = group, [n for n, _ in named_params]
-        self.params = [p for _, p in named_params]
+        self.group, self.names, self.params = group, [n for n, _ in named_params], [p for _, p in named_params]
         chunks = module if isinstance(module, (list, tuple)) else [module]
         self.units = units_of(chunks, named_params, group, not self.frees_params, self.split)
         self.unit_of = {id(p): u for u in self.units for p in u.params}
         self.optimizer = make_optimizer([u.shard for u in self.units], cfg)
-        self.events: list[tuple[str, int]] = []     # ("gather", i), ("compute", i), ("free", i), ...
-        self.samples: list[tuple[str, int, int]] = []   # (event, unit, live parameter bytes)
-        self.grad_samples: list[int] = []   # bytes of full (unsharded) gradients held at each reduce-scatter
+        self.probe: UnitProbe | None = None   # set while a caller records (``recording``), else None
         self.memory = None
         for p in self.params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
@@ -123,9 +121,18 @@ class _UnitSharded:
     def live_param_bytes(self) -> int:
         return storage_bytes([u.flat for u in self.units] + [u.shard for u in self.units])
 
+    @contextlib.contextmanager
+    def recording(self):
+        """``with dp.recording() as rec``: rec (probe.py) holds the events and live bytes of the block."""
+        self.probe = rec = UnitProbe()
+        try:
+            yield rec
+        finally:
+            self.probe = None
+
     def _sample(self, what: str, u: Unit) -> None:
-        self.events.append((what, u.index))
-        self.samples.append((what, u.index, self.live_param_bytes()))
+        if self.probe is not None:                 # measured only when asked: not in the hot path
+            self.probe.sample(what, u.index, self.live_param_bytes())
 
     # -- gradients: reduce-scatter a unit as soon as its gradients are complete ---------------------
     def _grad_ready(self, p) -> None:
@@ -137,7 +144,8 @@ class _UnitSharded:
     @torch.no_grad()
     def _reduce_scatter(self, u: Unit) -> None:
         grads = [p.grad for p in u.params]
-        self.grad_samples.append(storage_bytes([p.grad for p in self.params]))
+        if self.probe is not None:
+            self.probe.grad_samples.append(storage_bytes([p.grad for p in self.params]))
         if any(g is not None for g in grads):
             u.grad_shard += comm.reduce_scatter(self.group, u.layout.flatten(grads)) / self.group.size
         for p in u.params:
@@ -192,30 +200,24 @@ class _UnitSharded:
                 "optimizer": optimizer_state_bytes(self.optimizer)}
 
     @torch.no_grad()
-    def _gathered_flats(self, shards) -> list[torch.Tensor]:
-        return [comm.all_gather(uncounted(self.group), s.detach()) for s in shards]
+    def _gathered(self, shard_of) -> dict[str, torch.Tensor]:
+        """{name: full tensor} of every unit's ``shard_of(unit)``, gathered on an uncounted group."""
+        out = {}
+        for u in self.units:
+            flat = comm.all_gather(uncounted(self.group), shard_of(u).detach())
+            out.update({n: v.clone() for n, v in zip(u.names, u.layout.views(flat, [p.shape for p in u.params]))})
+        return out
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for u, flat in zip(self.units, self._gathered_flats([u.shard for u in self.units])):
-            out.update({n: v.clone() for n, v in zip(u.names, u.layout.views(flat, [p.shape for p in u.params]))})
-        return out
+        return self._gathered(lambda u: u.shard)
 
     def full_grads(self) -> dict[str, torch.Tensor]:
-        out = {}
-        for u, flat in zip(self.units, self._gathered_flats([u.grad_shard for u in self.units])):
-            out.update({n: v.clone() for n, v in zip(u.names, u.layout.views(flat, [p.shape for p in u.params]))})
-        return out
+        return self._gathered(lambda u: u.grad_shard)
 
     def checkpoint_views(self) -> dict:
         """{id(unit shard): [(name, lo, hi, base)]}: shard elements [base, base + hi - lo) hold
         elements [lo, hi) of parameter ``name`` (flattened); what labkit.checkpoint reads."""
-        out = {}
-        for u in self.units:
-            offs = u.layout.offsets
-            out[id(u.shard)] = [(n, max(a, u.lo) - a, min(b, u.hi) - a, max(a, u.lo) - u.lo)
-                                for n, a, b in zip(u.names, offs, offs[1:]) if max(a, u.lo) < min(b, u.hi)]
-        return out
+        return {id(u.shard): u.layout.runs(u.names, u.lo, u.hi) for u in self.units}
 
     def _free(self, u: Unit) -> None:
         u.flat.untyped_storage().resize_(0)

@@ -19,7 +19,7 @@ Chapter "Memory knobs". What Megatron-LM's ``DistributedDataParallel`` (its grad
 Bytes per parameter held: 2 (parameter) + 4 (fp32 main_grad; 2 under fp16 without
 ``accumulate_allreduce_grads_in_fp32``) + 12 (master + moments), the 12 divided by d with the
 distributed optimizer: 18 / 6 + 12/d under bf16, 16 / 4 + 12/d under fp16, as
-``labkit.calc.memory.zero_memory_per_rank`` counts them. The DP interface is documented in ddp.py;
+``labkit.calc.memory.zero_memory_per_rank`` counts them. The DP interface is documented in member.py;
 this class adds ``unscale_and_check`` and ``skip`` for loss scaling.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .. import comm
 from ..groups import Group, uncounted
 from ..precision import main_grad_dtype
 from .ddp import all_reduce_ranges, make_optimizer
+from .member import DataParallelMember
 from .shard_layout import ShardLayout, optimizer_state_bytes, storage_bytes
 
 
@@ -41,9 +42,11 @@ def _accumulate(param) -> None:
     param.grad = None
 
 
-class MixedPrecisionDataParallel:
+class MixedPrecisionDataParallel(DataParallelMember):
     """16-bit parameters with fp32 masters over ``group``; ``distributed``: the optimizer state
     (masters and moments) sharded, Megatron's distributed optimizer (ZeRO-1)."""
+
+    grads_sharded = False                # True when ``distributed`` (set in __init__)
 
     def __init__(self, named_params, group: Group, cfg, distributed: bool = False):
         self.names = [n for n, _ in named_params]
@@ -135,9 +138,7 @@ class MixedPrecisionDataParallel:
     def checkpoint_views(self) -> dict:
         """{id(master): [(name, lo, hi, base)]}: master elements [base, base + hi - lo) hold elements
         [lo, hi) of parameter ``name``: labkit.checkpoint saves the fp32 masters as the weights."""
-        offs = self.layout.offsets
-        return {id(self.master): [(n, max(a, self.lo) - a, min(b, self.hi) - a, max(a, self.lo) - self.lo)
-                                  for n, a, b in zip(self.names, offs, offs[1:]) if max(a, self.lo) < min(b, self.hi)]}
+        return {id(self.master): self.layout.runs(self.names, self.lo, self.hi)}
 
     def held_bytes(self) -> dict:
         """Bytes this rank holds (distinct storages): 16-bit params, main_grad, masters + moments."""

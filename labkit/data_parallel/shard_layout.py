@@ -19,13 +19,14 @@ import math
 
 import torch
 
+from ..validate import positive_int
+
 
 class ShardLayout:
     """Where each parameter lives in the flat buffer and which slice of it each dp rank owns."""
 
     def __init__(self, numels: list[int], dp: int):
-        if dp < 1:
-            raise ValueError(f"dp must be >= 1, got {dp}")
+        positive_int("dp", dp)
         self.numels, self.dp = list(numels), dp
         self.offsets = [0]
         for n in self.numels:                       # parameter i: flat[offsets[i]:offsets[i+1]]
@@ -37,6 +38,16 @@ class ShardLayout:
     def shard_range(self, dp_rank: int) -> tuple[int, int]:
         """[lo, hi) of the flat buffer that ``dp_rank`` owns (its optimizer state, its gradients)."""
         return dp_rank * self.shard_numel, (dp_rank + 1) * self.shard_numel
+
+    def runs(self, names, lo: int, hi: int) -> list[tuple[str, int, int, int]]:
+        """What the shard [lo, hi) of the buffer holds: [(name, a, b, base)], its elements
+        [base, base + b - a) are elements [a, b) of parameter ``name`` (flattened; padding skipped)."""
+        out = []
+        for name, start, end in zip(names, self.offsets, self.offsets[1:]):
+            a, b = max(start, lo), min(end, hi)
+            if a < b:
+                out.append((name, a - start, b - start, a - lo))
+        return out
 
     def flatten(self, tensors) -> torch.Tensor:
         """[padded_numel]: the tensors end to end, zero-padded (None counts as zeros)."""

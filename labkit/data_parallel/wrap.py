@@ -16,7 +16,7 @@ gradient must end up divided by dp x cp; the dense ones by averaging over dp x c
 scaling them by the entry's ``grad_scale`` = edp / (dp x cp) first (a hook on each expert
 parameter), then averaging over edp.
 
-:class:`DataParallelSet` runs one DP object per bucket behind the one interface (ddp.py).
+:class:`DataParallelSet` runs one DP object per bucket behind the one interface (member.py).
 """
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ from .zero import RUNTIME_STAGES
 
 
 class DataParallelSet:
-    """Several DP objects (one per bucket) used as one; see the interface in ddp.py."""
+    """Several DP objects (one per bucket) used as one; see the interface in member.py."""
 
     def __init__(self, members: list):
         self.members = members
         self.grads_sharded = any(m.grads_sharded for m in members)
-        self.zero_stage = getattr(members[0], "zero_stage", 0)
+        self.zero_stage = members[0].zero_stage
 
     @contextlib.contextmanager
     def grad_sync_context(self, is_last_microbatch: bool):
@@ -94,12 +94,13 @@ class DataParallelSet:
         return sum(p.numel() for m in self.members for p in m.params)
 
 
-def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.ShardPlan | None = None
-                       ) -> DataParallelSet:
+def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.ShardPlan | None = None,
+                       zero_classes: dict | None = None) -> DataParallelSet:
     """The DP implementation the config asks for, over every parameter of this rank's ``chunks``,
     grouped as their shard-plan entries say (a dense plan when ``plan`` is None).
 
-    ``zero_stage`` 1-3 (or ``use_distributed_optimizer``, stage 1) -> zero.py; else
+    ``zero_stage`` 1-3 (or ``use_distributed_optimizer``, stage 1) -> zero.py's ``RUNTIME_STAGES``
+    (``zero_classes`` {stage: class} replaces some: the memory lab compares ZeRO3WholeModel); else
     ``ddp_bucket_size`` -> BucketedDataParallel; else NaiveDataParallel.
     """
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
@@ -113,14 +114,14 @@ def wrap_data_parallel(chunks: list, groups: dict[str, Group], cfg, plan: sp_.Sh
     for n, p in named:
         if plan[n].grad_scale != 1:                  # experts: Megatron's expert_gradient_scaling_factor
             p.register_hook(lambda g, s=plan[n].grad_scale: g * s)
-    stage = cfg.effective_zero_stage
+    stage, classes = cfg.effective_zero_stage, {**RUNTIME_STAGES, **(zero_classes or {})}
     members = []
     for bucket_params, group in filter(lambda b: b[0], buckets):
         if cfg.bf16 or cfg.fp16:             # 16-bit params, fp32 masters (plain DP or ZeRO-1)
             members.append(MixedPrecisionDataParallel(bucket_params, group, cfg, distributed=stage == 1))
         elif stage:
-            cls = RUNTIME_STAGES[stage]
-            if stage == 3 and getattr(cfg, "fp8_param_gather", False):   # Megatron's --fp8-param-gather
+            cls = classes[stage]
+            if stage == 3 and cfg.fp8_param_gather:                     # Megatron's --fp8-param-gather
                 from .fp8_gather import ZeRO3FP8Gather as cls
             members.append(cls(bucket_params, group, cfg, chunks if stage >= 2 else None))
         elif cfg.ddp_bucket_size is not None:

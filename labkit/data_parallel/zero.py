@@ -18,7 +18,7 @@ what they keep whole. Per optimizer step with m microbatches, one rank sends (la
              backward (the parameters were freed in between), none after the step
 
 Stage 1/2 move exactly the bytes of plain DP's all-reduce (reduce-scatter + all-gather = all-reduce);
-stage 3 moves 1.5x. The DP interface is documented in ddp.py. With tensor parallelism each tp rank
+stage 3 moves 1.5x. The DP interface is documented in member.py. With tensor parallelism each tp rank
 shards its own slice of every weight (the layouts of the tp ranks are identical, so the SP sums over
 tp work shard by shard); with pipelines, stage 1 only (labkit.config says why).
 Teaching simplifications, said in the chapter: stage 2 here reduce-scatters once per microbatch after
@@ -35,14 +35,14 @@ import torch
 from .. import comm
 from ..groups import Group, uncounted
 from .ddp import all_reduce_ranges, make_optimizer
+from .member import DataParallelMember
 from .shard_layout import ShardLayout, optimizer_state_bytes, storage_bytes
 
 
-class _ShardedDataParallel:
+class _ShardedDataParallel(DataParallelMember):
     """What the three stages share: the flat buffer, rank 0's weights, the shard's AdamW."""
 
     grads_sharded = True
-    zero_stage = 0
 
     def __init__(self, named_params, group: Group, cfg, module=None):
         self.names = [n for n, _ in named_params]
@@ -115,6 +115,10 @@ class _ShardedDataParallel:
             flat = comm.all_gather(uncounted(self.group), self.shard.detach())
         views = self.layout.views(flat, [p.shape for p in self.params])
         return {n: v.clone() for n, v in zip(self.names, views)}
+
+    def checkpoint_views(self) -> dict:
+        """{id(shard): runs}: the optimizer steps this rank's shard [lo, hi) of the flat buffer."""
+        return {id(self.shard): self.layout.runs(self.names, self.lo, self.hi)}
 
     @torch.no_grad()
     def _reduce_scatter(self, flat_grad: torch.Tensor) -> torch.Tensor:

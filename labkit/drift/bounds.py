@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 
+from ..validate import int_at_least
+
 UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8,
                  "e4m3": 2.0 ** -4, "e5m2": 2.0 ** -3, "fp64": 2.0 ** -53}
 
@@ -76,9 +78,7 @@ def gamma(n: int, u: float) -> float:
 def reordered_terms(num_microbatches: int, world_size: int) -> int:
     """n: the most partial terms a reordered sum of one step can have (N microbatches, each cut
     over at most ``world_size`` ranks)."""
-    if num_microbatches < 1 or world_size < 1:
-        raise ValueError(f"num_microbatches and world_size must be >= 1, got {num_microbatches}, {world_size}")
-    return num_microbatches * world_size
+    return int_at_least("num_microbatches", num_microbatches, 1) * int_at_least("world_size", world_size, 1)
 
 
 def derived_band(steps: int, u: float, n: int) -> list | None:

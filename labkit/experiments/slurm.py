@@ -17,6 +17,7 @@ import math
 import shlex
 from pathlib import Path
 
+from ..validate import positive_int
 from .catalogue import get
 
 GPUS_PER_NODE = 8         # a DGX-style node; a run on more GPUs spans ceil(GPUs / 8) nodes
@@ -45,8 +46,7 @@ def script_text(experiment_id: str, scale: str = "full", nodes: int | None = Non
     """The sbatch script (text) that runs ``experiment_id`` at ``scale`` on ``nodes`` nodes."""
     e = get(experiment_id)
     nodes, per_node = layout(e.id, scale, nodes)
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    positive_int("steps", steps, allow_none=True)
     job_dir = Path(outdir) / e.id
     run = f"-m labkit experiments run {e.id} --scale {scale} \\\n    --outdir {shlex.quote(str(outdir))}"
     run += f" --train-iters {steps}" if steps is not None else ""

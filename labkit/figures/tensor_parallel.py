@@ -1,7 +1,7 @@
 """Figures of the chapters "Tensor parallelism" and "Sequence parallelism", drawn from labkit's
 own objects: the weights ``ColumnParallelLinear.from_dense`` / ``RowParallelLinear.from_dense``
 really keep (read from a dense weight whose entries are their own indices), the plan
-``tensor_parallel.plan.layer_plan`` (which operator sits where), the operators' table in
+``tensor_parallel.plan.tp_plan`` (which operator sits where), the operators' table in
 ``tensor_parallel.tp_comm`` (what each does forward and backward) and ``config.padded_vocab_size``.
 
     fig_tp_weights(h, heads, t)   which slice of linear_qkv, linear_proj, fc1, fc2 each rank keeps
@@ -101,9 +101,9 @@ def fig_tp_weights(hidden_size: int = 4, num_attention_heads: int = 2, t: int = 
 
 def layer_rows(sequence_parallel: bool, t: int = 2, heads: int = 4):
     """One transformer layer as rows (name, kind, lane labels, shape per rank, operator) read from
-    ``layer_plan`` (keyed by role: qkv, proj, fc1, fc2): kind is act (outside the TP region), col, local, row or op (an operator)."""
-    from ..tensor_parallel.plan import layer_plan
-    plan = {k: v.what for k, v in layer_plan(sequence_parallel).items()}
+    ``tp_plan`` (keyed by role: qkv, proj, fc1, fc2): kind is act (outside the TP region), col, local, row or op (an operator)."""
+    from ..tensor_parallel.plan import tp_plan
+    plan = {k: v.what for k, v in tp_plan(sequence_parallel).items()}
     sp = sequence_parallel
     outside = "[b, s/t, h]" if sp else "[b, s, h]"
     act_lane = [f"s part {r}" for r in range(t)] if sp else ["all of s"] * t

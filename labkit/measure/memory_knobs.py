@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 TRAPS = (None, "16-bit accumulation", "no RNG restore")
@@ -116,10 +117,8 @@ def _timeline_worker(cfg_kw: dict, seed: int) -> dict:
     from ..training import build_rank, rank_microbatches
     out = {}
     for kind in ("per-layer", "whole-model"):
-        if kind == "whole-model":
-            zero.RUNTIME_STAGES[3] = zero.ZeRO3WholeModel
-        cfg = TrainConfig(**cfg_kw, zero_stage=3)
-        topo, groups, engine = build_rank(cfg, seed)
+        cfg = TrainConfig(**cfg_kw, zero_stage=3)     # the lab's whole-model class: a parameter, no registry swap
+        topo, groups, engine = build_rank(cfg, seed, {3: zero.ZeRO3WholeModel} if kind == "whole-model" else None)
         dp = engine.dp.members[-1]
         chunk = engine.runner.chunks[0]
         samples = []
@@ -133,10 +132,10 @@ def _timeline_worker(cfg_kw: dict, seed: int) -> dict:
                     o.register_hook(lambda g: samples.append(("compute backward", int(k), live())))
                 layer.register_forward_hook(after)
         mbs = rank_microbatches(cfg, topo, 0, seed, data.load_tokens())[:1]
-        engine.step(mbs)
+        with dp.recording() if kind == "per-layer" else contextlib.nullcontext() as rec:
+            engine.step(mbs)
         if kind == "per-layer":
-            samples = [s for s in dp.samples]
-            out["events"] = list(dp.events)
+            samples, out["events"] = list(rec.samples), list(rec.events)
             out["units"] = [(u.name, u.full_bytes, u.shard.numel() * u.shard.element_size()) for u in dp.units]
         out[kind] = samples
     return out

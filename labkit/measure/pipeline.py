@@ -89,7 +89,6 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
     from ..launcher import device, now
     from ..model import GPT
     from ..parallelize import parallelize
-    from ..pipeline_parallel.stage import dense_name
     from .activations import SavedTensorMeter
 
     p, m = len(schedule), 1 + max(a.microbatch for a in schedule[0])
@@ -126,7 +125,7 @@ def _worker(schedule, v, num_layers, hidden_size, seq_length, micro_batch_size, 
         if it > 0 or iterations == 1:  # iteration 0 warms up (allocator, first p2p connections)
             events.append(runner.last_run.events)
         if return_grads and it == 0:
-            grads = {dense_name(n, prm): prm.grad.detach().cpu().clone() for chunk in runner.chunks
+            grads = {engine.plan[n].name: prm.grad.detach().cpu().clone() for chunk in runner.chunks
                      for n, prm in chunk.named_parameters()}
     run = runner.last_run
     return {"events": events, "peak_bytes": run.peak_activation_bytes,

@@ -2,7 +2,7 @@
 
 The measurement of the chapters "Tensor parallelism" and "Sequence parallelism" and of the TP lab
 (and of tests/test_tensor_parallel.py): the dense ``labkit.model.TransformerLayer`` and a copy cut by
-the same plan labkit.train uses (``tensor_parallel.plan.layer_plan``), in float64 by default.
+the same plan labkit.train uses (``tensor_parallel.plan.tp_plan``), in float64 by default.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _block_worker(sequence_parallel: bool, dtype: str, cfg_kw: dict, micro_batch
     from labkit.launcher import device
     from labkit.measure.activations import saved_activations
     from labkit.model import GPTConfig, TransformerLayer
-    from labkit.tensor_parallel.plan import apply_plan, layer_plan
+    from labkit.tensor_parallel.plan import apply_plan, tp_plan
     from labkit.tensor_parallel.sequence_parallel import use_regather
 
     group, dev, dt = world_group(), device(), getattr(torch, dtype)
@@ -37,7 +37,7 @@ def _block_worker(sequence_parallel: bool, dtype: str, cfg_kw: dict, micro_batch
         for p in dense.parameters():
             p.copy_(torch.randn(p.shape, generator=gen, dtype=dt) * 0.2 + (p.dim() == 1) * 0.5)
     dense = dense.to(dev)
-    cut = apply_plan(copy.deepcopy(dense), layer_plan(sequence_parallel), group)
+    cut = apply_plan(copy.deepcopy(dense), tp_plan(sequence_parallel), group)
     if regather:
         use_regather(cut)
     b, s, h = micro_batch_size, cfg.seq_length, cfg.hidden_size

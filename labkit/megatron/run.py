@@ -70,7 +70,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool, l
     from .weights import dense_grads, dense_params, load
 
     dtype, dev = getattr(torch, cfg.params_dtype), device()    # dev: cuda:LOCAL_RANK under NCCL
-    topo = cfg.validate(dist.get_world_size())
+    topo = cfg.topology(dist.get_world_size())    # validated once by the caller (check_megatron)
     with cpu_standins():
         SPTorchNorm.tag = not negative_control
         init_parallel_state(cfg, topo)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..training import TrainConfig
+from ..validate import int_at_least
 
 # fields that are labkit's own (no Megatron flag of that name) or need translating
 _NOT_MEGATRON = {"params_dtype", "zero_stage", "pipeline_schedule",
@@ -87,9 +88,8 @@ def to_flags(config: TrainConfig | dict, steps: int | None = None, seed: int | N
     if steps is not None:
         flags += ["--train-iters", str(steps)]
     if cfg.data_path is not None or seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 1:
-            raise ValueError(f"seed must be the integer >= 1 labkit.train samples the data with (Megatron "
-                             f"refuses --seed < 1; with data_path it fixes the samples' order), got {seed!r}")
+        int_at_least("seed", seed, 1, what="the integer >= 1 labkit.train samples the data with (Megatron "
+                                         "refuses --seed < 1; with data_path it fixes the samples' order)")
         flags += (["--split", "100,0,0"] if cfg.data_path is not None else []) + ["--seed", str(seed)]
     unknown = [f for f in flags if f.startswith("--") and f[2:] not in FLAGS]
     if unknown:

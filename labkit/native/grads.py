@@ -5,7 +5,7 @@ A parameter is a DTensor on some mesh (FSDP2: ``Shard(0)`` over dp; TP: its plac
 both: 2-d) or a plain tensor replicated over the axes it does not name. This rank *owns* its local
 values for the norm when, on every axis where the values are copies (``Replicate`` on the mesh,
 or an axis the parameter's mesh does not have at all), it has coordinate 0: labkit's
-``param_attrs.owns``, read from the DTensor's placements instead of Megatron's tags.
+shard-plan rule (``Block.owner``), read from the DTensor's placements instead of a plan entry.
 """
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ def worker(cfg, steps: int, seed: int, log_interval: int, capture_grads: bool,
     from .grads import clip_, full_grads, grad_norm
     from .mesh import axis_groups
 
-    topo = cfg.validate(dist.get_world_size())
+    topo = cfg.topology(dist.get_world_size())   # validated once by the caller (check_native)
     rank = dist.get_rank()
     coords = topo.coords(rank)
     mesh, parts, stages, sched = build(cfg, topo, opts, seed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -49,6 +50,91 @@ def _meta(msg: Message) -> tuple[int, int, int]:
     return ("FB".index(msg.kind), msg.stage, msg.microbatch)
 
 
+@dataclass
+class _Rank:
+    """One rank's state while it runs a schedule: what :func:`run_schedule` and its steps share."""
+
+    group: Group
+    chunks: list
+    microbatches: list
+    placement: str
+    activation_shape: Callable
+    meters: tuple
+    loss_scale: float
+    uses_w: bool                          # zero-bubble schedules: B (input grad) and W (weight grads) apart
+    loss_sum: torch.Tensor                # float64 on the chunks' device: no host sync per microbatch
+    dtype: torch.dtype                    # of the messages (the parameters')
+    inbox: dict = field(default_factory=dict)    # Message -> tensor received
+    outbox: dict = field(default_factory=dict)   # Message -> tensor to send
+    saved: dict = field(default_factory=dict)    # (mb, chunk) -> (input, output) kept for the backward
+
+    def stage(self, a: Action) -> int:
+        return stage_of(self.group.rank, a.chunk, self.group.size, len(self.chunks), self.placement)
+
+    @property
+    def num_stages(self) -> int:
+        return self.group.size * len(self.chunks)
+
+    def shape(self, msg: Message):
+        """A message's shape, known on both sides: an activation [b, s_local, h]; a gradient my output's."""
+        if msg.kind == "F":
+            return self.activation_shape(self.microbatches[msg.microbatch][0])
+        chunk = holder(msg.stage, self.group.size, len(self.chunks), self.placement)[1]
+        return self.saved[(msg.microbatch, chunk)][1].shape
+
+    def communicate(self, pending: list, before) -> None:
+        """Run the p2p steps due before action ``before`` (None: the ones after the last)."""
+        while pending and pending[0].before == before:
+            st = pending.pop(0)
+            got = comm.exchange(self.group, [(self.outbox.pop(msg), peer, _meta(msg)) for peer, msg in st.sends],
+                                [(peer, _meta(msg), self.shape(msg), self.dtype) for peer, msg in st.recvs],
+                                device=self.loss_sum.device)
+            self.inbox.update({msg: t for (_, msg), t in zip(st.recvs, got)})
+
+    def forward(self, a: Action, tick) -> float:
+        """F: the chunk's forward on a microbatch (the last stage's loss / m); returns its start time."""
+        s, c, mb = self.stage(a), a.chunk, a.microbatch
+        tokens, labels, *rest = self.microbatches[mb]
+        x = tokens if s == 0 else self.inbox.pop(Message("F", s, mb)).requires_grad_()
+        start = tick()
+        with contextlib.ExitStack() as stack:
+            for meter in self.meters:
+                stack.enter_context(meter.forward(self.chunks[c], c, mb))
+            out = self.chunks[c](x, labels if s == self.num_stages - 1 else None, *rest)
+        if s == self.num_stages - 1:
+            out = out / len(self.microbatches)              # mean over the global batch
+            self.loss_sum += out.detach().double()
+        else:
+            self.outbox[Message("F", s + 1, mb)] = out.detach()
+        self.saved[(mb, c)] = (x, out)
+        return start
+
+    def backward(self, a: Action, tick, dp, last: bool) -> float:
+        """B (whole backward, or the input gradient only when the schedule has W) or W (weight
+        gradients), inside ``dp``'s grad_sync_context (``last``: the rank's last one); returns its start."""
+        s, c, mb = self.stage(a), a.chunk, a.microbatch
+        x, out = self.saved[(mb, c)]
+        grad = self.inbox.get(Message("B", s, mb)) if s < self.num_stages - 1 else (
+            None if self.loss_scale == 1.0 else torch.full_like(out, self.loss_scale))
+        start = tick()
+        with dp.grad_sync_context(last) if dp is not None else contextlib.nullcontext():
+            if a.kind == "B" and self.uses_w:               # input gradient only, keep the graph
+                if s > 0:
+                    torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
+            elif a.kind == "W":                             # weight gradients
+                torch.autograd.backward(out, grad, inputs=list(self.chunks[c].parameters()))
+            else:                                           # whole backward at once
+                torch.autograd.backward(out, grad)
+        if a.kind == "B" and s > 0:
+            self.outbox[Message("B", s - 1, mb)] = x.grad
+        if a.kind == ("W" if self.uses_w else "B"):         # activations of (mb, c) are freed
+            del self.saved[(mb, c)]
+            self.inbox.pop(Message("B", s, mb), None)
+            for meter in self.meters:
+                meter.release(c, mb)
+        return start
+
+
 def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
                  t0: float | None = None, activation_shape=None, clock=None, placement: str = "loop",
                  meters=(), loss_scale: float = 1.0) -> ScheduleRun:
@@ -66,76 +152,22 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
     backward (None: no DP). Each loss is divided by m, so gradients accumulate to those of the mean
     loss over the global batch.
     """
-    p, r, m, v = group.size, group.rank, len(microbatches), len(chunks)
-    param = next(chunks[0].parameters())
-    dev, dtype, h = param.device, param.dtype, chunks[0].cfg.hidden_size
-    activation_shape = activation_shape or (lambda tokens: (*tokens.shape, h))
-    num_stages = p * v
+    param, h = next(chunks[0].parameters()), chunks[0].cfg.hidden_size
+    uses_w = any(a.kind == "W" for a in actions)
+    rank = _Rank(group, chunks, microbatches, placement, activation_shape or (lambda tokens: (*tokens.shape, h)),
+                 meters, loss_scale, uses_w, torch.zeros((), dtype=torch.float64, device=param.device), param.dtype)
+    last_bwd = max(i for i, a in enumerate(actions) if a.kind == ("W" if uses_w else "B"))
     tick = clock or (lambda: 0.0)
     t0 = tick() if t0 is None else t0
-    uses_w = any(a.kind == "W" for a in actions)
-    last_bwd = max(i for i, a in enumerate(actions) if a.kind == ("W" if uses_w else "B"))
-    inbox, outbox, saved = {}, {}, {}
-    run, loss_sum = ScheduleRun(0.0), torch.zeros((), dtype=torch.float64, device=dev)
-    pending = list(steps)
-
-    def shape(msg: Message):
-        if msg.kind == "F":                                 # activation: [b, s_local, h]
-            return activation_shape(microbatches[msg.microbatch][0])
-        return saved[(msg.microbatch, holder(msg.stage, p, v, placement)[1])][1].shape   # my output's
-
-    def communicate(before):
-        while pending and pending[0].before == before:
-            st = pending.pop(0)
-            got = comm.exchange(group, [(outbox.pop(msg), peer, _meta(msg)) for peer, msg in st.sends],
-                                [(peer, _meta(msg), shape(msg), dtype) for peer, msg in st.recvs],
-                                device=dev)
-            inbox.update({msg: t for (_, msg), t in zip(st.recvs, got)})
-
+    run, pending = ScheduleRun(0.0), list(steps)
     for i, a in enumerate(actions):
-        communicate(i)
-        c, mb = a.chunk, a.microbatch
-        s, chunk = stage_of(r, c, p, v, placement), chunks[c]
-        tokens, labels, *rest = microbatches[mb]
-        if a.kind == "F":
-            x = tokens if s == 0 else inbox.pop(Message("F", s, mb)).requires_grad_()
-            start = tick()
-            with contextlib.ExitStack() as stack:
-                for meter in meters:
-                    stack.enter_context(meter.forward(chunk, c, mb))
-                out = chunk(x, labels if s == num_stages - 1 else None, *rest)
-            if s == num_stages - 1:
-                out = out / m                               # mean over the global batch
-                loss_sum += out.detach().double()
-            else:
-                outbox[Message("F", s + 1, mb)] = out.detach()
-            saved[(mb, c)] = (x, out)
-        else:
-            x, out = saved[(mb, c)]
-            grad = inbox.get(Message("B", s, mb)) if s < num_stages - 1 else (
-                None if loss_scale == 1.0 else torch.full_like(out, loss_scale))
-            start = tick()
-            sync = dp.grad_sync_context(i == last_bwd) if dp is not None else contextlib.nullcontext()
-            with sync:
-                if a.kind == "B" and uses_w:                # input gradient only, keep the graph
-                    if s > 0:
-                        torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
-                elif a.kind == "W":                         # weight gradients
-                    torch.autograd.backward(out, grad, inputs=list(chunk.parameters()))
-                else:                                       # whole backward at once
-                    torch.autograd.backward(out, grad)
-            if a.kind == "B" and s > 0:
-                outbox[Message("B", s - 1, mb)] = x.grad
-            if a.kind == ("W" if uses_w else "B"):          # activations of (mb, c) are freed
-                del saved[(mb, c)]
-                inbox.pop(Message("B", s, mb), None)
-                for meter in meters:
-                    meter.release(c, mb)
+        rank.communicate(pending, i)
+        start = rank.forward(a, tick) if a.kind == "F" else rank.backward(a, tick, dp, i == last_bwd)
         if clock is not None:
-            run.events.append(Event(r, a, start - t0, clock() - t0))
-        run.peak_in_flight = max(run.peak_in_flight, len(saved))
-    communicate(None)
-    run.loss_sum = float(loss_sum)                          # one host sync per iteration
+            run.events.append(Event(group.rank, a, start - t0, clock() - t0))
+        run.peak_in_flight = max(run.peak_in_flight, len(rank.saved))
+    rank.communicate(pending, None)
+    run.loss_sum = float(rank.loss_sum)                     # one host sync per iteration
     for meter in meters:
         meter.finish(run)
     return run

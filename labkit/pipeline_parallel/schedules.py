@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..validate import int_at_least, positive_int
 from .placement import holder, stage_of
 
 __all__ = ["Action", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "warmup_1f1b",
@@ -51,9 +52,7 @@ class Action:
         if self.kind not in KINDS:
             raise ValueError(f"action kind must be one of {KINDS}, got {self.kind!r}")
         for name in ("microbatch", "chunk"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"action {name} must be an integer >= 0, got {value!r}")
+            int_at_least(f"action {name}", getattr(self, name), 0)
 
     def __str__(self) -> str:  # "F3", or "F3.1" for chunk 1
         return f"{self.kind}{self.microbatch}" + (f".{self.chunk}" if self.chunk else "")
@@ -73,8 +72,7 @@ def W(mb: int, chunk: int = 0) -> Action:
 
 def _check_sizes(p: int, m: int, v: int = 1) -> None:
     for name, value in (("pipeline ranks p", p), ("microbatches m", m), ("chunks v", v)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        positive_int(name, value)
 
 
 # ---------------------------------------------------------------------------------------------

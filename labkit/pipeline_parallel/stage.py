@@ -60,8 +60,3 @@ def split(model, cfg, pp_rank: int, plan: sp_.ShardPlan | None = None) -> list:
                 tag(p, **plan[n].tags())
     return chunks
 
-
-def dense_name(name: str, param) -> str:
-    """The dense model's name of a chunk parameter (the last stage's tied copy is the embedding)."""
-    return EMBEDDING if getattr(param, "shared", False) else name
-

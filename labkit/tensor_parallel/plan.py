@@ -128,15 +128,11 @@ def _style(r: roles.Role, sp: bool) -> Style:
 
 def tp_plan(sequence_parallel: bool = False) -> dict[str, Style]:
     """{role: Style} for every role the TP plan cuts (``labkit.roles``: plan "tp" and a cut),
-    applied in module order by :func:`apply`. The other roles are other plans' (the routed experts
+    applied in module order by :func:`apply` (to a model, a stage or one ``TransformerLayer``: roles
+    are found wherever they are). The other roles are other plans' (the routed experts
     and the router the expert-parallel plan's, the core attention the CP plan's)."""
     return {r.name: _style(r, sequence_parallel) for r in roles.ROLES.values()
             if r.plan == "tp" and r.cut != "none"}
-
-
-def layer_plan(sequence_parallel: bool = False) -> dict[str, Style]:
-    """The styles that cut one ``TransformerLayer`` (the same plan: roles are found wherever they are)."""
-    return tp_plan(sequence_parallel)
 
 
 def describe(plan: dict[str, Style]) -> dict[str, str]:

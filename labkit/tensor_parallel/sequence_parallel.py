@@ -7,7 +7,8 @@ With ``sequence_parallel=True`` they run on [b, s/t, h] sequence shards. The TP 
 (= reduce-scatter + all-gather) is split in its two halves: the all-gather g leaves the
 sequence-parallel region (before linear_qkv and linear_fc1), the reduce-scatter g-bar enters it again
 (after linear_proj and linear_fc2). Nothing is moved to the CPU: the saving is that no rank keeps the
-others' shards. The operators are in ``tp_comm.py``; the plan that places them in ``plan.py``.
+others' shards. The operators are in ``tp_comm.py``; the plan that places them, and says which
+replicated gradients are partial sums over tp under SP (the norms, row-parallel biases), in ``plan.py``.
 
 This module holds what is specific to SP:
 * :func:`sequence_range` - which positions a tp rank holds;
@@ -15,9 +16,6 @@ This module holds what is specific to SP:
   summed (all-reduced over tp, replicated), keep this rank's positions. This is Megatron's path for
   learned absolute positions (``LanguageModelEmbedding``: all-reduce, add positions, then
   ``scatter_to_sequence_parallel_region``);
-* :func:`mark_sequence_parallel` - tag the replicated parameters fed sequence shards (the norms,
-  found by their role, so an RMSNorm as well as a LayerNorm), whose partial gradients are summed
-  over tp after the backward (the shard plan says so; ``labkit.parallelize`` reads it);
 * advanced: :func:`use_regather` - Megatron's memory-saving column-parallel GEMM, which keeps the
   input shard and all-gathers it again in the backward (its own parity test).
 """
@@ -26,9 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import comm, roles
+from .. import comm
 from ..groups import Group
-from ..param_attrs import tag
 from .tp_comm import scatter_to_sequence
 
 
@@ -50,17 +47,6 @@ class ScatterToSequence(nn.Module):
 
     def forward(self, x):
         return scatter_to_sequence(self.group, x)
-
-
-def mark_sequence_parallel(module: nn.Module) -> None:
-    """Tag ``sequence_parallel`` the parameters replicated over tp whose gradient is summed over tp
-    under SP (``labkit.roles``: the norms, the QK-layernorm, the router), the Megatron tag only; the
-    engine reads the shard plan (tensor_parallel/plan.py). Read from the role table, not a name."""
-    by_param = roles.of_parameters(module)
-    for name, p in module.named_parameters():
-        r = by_param[name]
-        if r.cut == "replicated" and r.summed_over_tp(True):
-            tag(p, sequence_parallel=True)
 
 
 # ---------------------------------------------------------------------------------------------
