@@ -250,3 +250,12 @@ def test_mxfp8_equals_torchao_to_mx():
         q = fp8.quantize_mxfp8(x, fmt)
         assert torch.equal(scale.view(torch.uint8).reshape(-1), q.scale_inv.view(torch.uint8).reshape(-1))
         assert torch.equal(data.view(torch.uint8).reshape(-1), q.data.view(torch.uint8).reshape(-1))
+
+
+def test_an_expert_given_no_token_quantizes_to_empty():
+    """Top-1 routing can leave an expert without tokens: its input [0, h] and the transpose [h, 0]
+    the weight-gradient GEMM reads (found by the FP8 envelope run of EP, ``labkit.drift``)."""
+    scale = torch.tensor(2.0)
+    for shape in ((0, 8), (8, 0)):
+        q = fp8.quantize_with_scale(torch.empty(shape), scale, E4M3)
+        assert tuple(q.data.shape) == shape and q.dequantize().numel() == 0

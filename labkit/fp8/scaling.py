@@ -22,6 +22,8 @@ MX (OCP MX v1.0 section 6.3): shared exponent floor(log2 amax) - emax_elem, elem
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import torch
@@ -89,7 +91,7 @@ def _apply(x: torch.Tensor, scale: torch.Tensor, block, fmt: Format) -> torch.Te
 
 def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> Quantized:
     """One given per-tensor scale (fp32 scalar tensor): cast(x * scale), scale_inv = 1 / scale."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])   # an expert given no token: [0, C] or [C, 0]
     scale = scale.float().reshape(1, 1)
     return Quantized(_apply(x2, scale, (x2.shape[0], x2.shape[1]), fmt), 1.0 / scale,
                      (x2.shape[0], x2.shape[1]), fmt)
