@@ -164,6 +164,34 @@ def test_tp_sp_pp_dp_on_eight_ranks():
     assert_same_training(r["megatron"], r["reference"], lay.name)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "Megatron-Core 0.16.1 bug: with expert_model_parallel_size 1 and expert-TP 1 < TP 2 (SP), the "
+    "experts are marked dense (allreduce = not expert_parallel) and their gradients are not summed "
+    "over the TP ranks that routed other tokens to them; fixed on Megatron-LM main (use_expert_pgs)"))
+def test_experts_with_expert_tp_below_tp_and_no_ep_get_every_tokens_gradient(monkeypatch):
+    """The reproducer (found by labkit fuzz --implementation megatron, shrunk to 2 ranks): TP2+SP,
+    4 experts, EP 1, expert-TP 1. The first loss and the router's gradient equal one device; the
+    experts' gradients are one TP rank's share (measured: norm ratio 0.50-0.74). labkit refuses
+    the layout for this path (rule moe_etp_ep1); the rule is lifted here to run it."""
+    import labkit.megatron.options as options
+    monkeypatch.setattr(options, "check_megatron", lambda cfg, world: cfg.topology(world))
+    lay = Layout("MoE TP2+SP, EP1, expert-TP 1", 2, dict(MOE, num_layers=1, **SP2, expert_tensor_parallel_size=1))
+    r = run_layouts([lay], steps=1)[lay.name]
+    assert r["megatron"]["losses"][0] == pytest.approx(r["reference"]["losses"][0], abs=1e-11)
+    assert_same_training(r["megatron"], r["reference"], lay.name)
+
+
+def test_four_stages_with_middle_stages_outside_the_embedding_group():
+    """PP4 (4 ranks), tied and untied: the middle stages hold no embedding and are not in
+    Megatron's embedding group (``get_embedding_group`` asserts there). Found by ``labkit fuzz
+    --implementation megatron``: labkit's byte counter asked every rank for that group."""
+    pp4 = dict(MODEL, pipeline_model_parallel_size=4, num_layers=4)
+    lays = [Layout("PP4, tied", 4, pp4), Layout("PP4, untied", 4, dict(pp4, untie_embeddings_and_output_weights=True))]
+    runs = run_layouts(lays, steps=2)
+    for lay in lays:
+        assert_same_training(runs[lay.name]["megatron"], runs[lay.name]["reference"], lay.name)
+
+
 def test_distributed_optimizer_steps_like_one_device_in_fp32():
     """Megatron's DistributedOptimizer (DP2 and TP2 x DP2, fp32: its float64 path is refused, rule
     "distopt_dtype"), 2 Adam steps, judged on the parameters after the steps: its gradients are

@@ -27,7 +27,13 @@ def test_moe_with_biases_is_refused_only_where_megatrons_inplace_bias_bug_fires(
     communication, so the RowParallelLinear output is a view the in-place bias add may not touch."""
     assert rules(1, **MOE) == ["moe_bias"]
     assert rules(2, **MOE, expert_model_parallel_size=2) == []
-    assert rules(2, **MOE, tensor_model_parallel_size=2, sequence_parallel=True) == []
+
+
+def test_moe_biases_with_expert_tp_are_refused_as_megatron_asserts():
+    """Found by the fuzzer: TransformerConfig asserts ETP == 1 whenever MoE has linear biases."""
+    assert rules(2, **MOE, tensor_model_parallel_size=2, sequence_parallel=True) == ["moe_bias_etp"]
+    assert rules(4, **MOE, tensor_model_parallel_size=2, sequence_parallel=True,
+                 expert_tensor_parallel_size=1, expert_model_parallel_size=2) == []
 
 
 def test_position_dropping_is_refused_by_name():
@@ -41,6 +47,13 @@ def test_top1_routing_needs_the_softmax_first_as_megatron_says():
     one = dict(MOE, add_bias_linear=False, expert_model_parallel_size=2, moe_router_topk=1)
     assert rules(2, **one) == ["moe_topk1"]
     assert rules(2, **one, moe_router_pre_softmax=True) == []
+
+
+def test_experts_without_ep_and_with_their_own_tp_are_refused_for_megatrons_bug():
+    """Megatron-Core 0.16.1 reduces such experts' gradients over DP only (tests/test_megatron.py)."""
+    one = dict(MOE, add_bias_linear=False, tensor_model_parallel_size=2, sequence_parallel=True)
+    assert rules(2, **one, expert_tensor_parallel_size=1) == ["moe_etp_ep1"]
+    assert rules(2, **one) == [] and rules(4, **one, expert_tensor_parallel_size=1, expert_model_parallel_size=2) == []
 
 
 def test_every_rule_is_named_in_the_error():

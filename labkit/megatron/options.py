@@ -39,6 +39,18 @@ RULES = {
                 "parallel size 1: Megatron-Core 0.16.1's MLP adds the expert's fc2 bias in place "
                 "to a view autograd refuses to modify (a Megatron-Core bug; tests/test_megatron.py "
                 "keeps its reproducer); set add_bias_linear=False",
+    "moe_bias_etp": "num_experts with add_bias_linear and an expert tensor-parallel size above 1: "
+                    "Megatron-Core's TransformerConfig asserts 'Bias in Moe is only supported when "
+                    "ETP==1' (the expert tensor-parallel size defaults to tensor_model_parallel_size); "
+                    "set add_bias_linear=False or expert_tensor_parallel_size=1 (found by labkit fuzz "
+                    "--implementation megatron)",
+    "moe_etp_ep1": "num_experts with expert_model_parallel_size 1 and an expert tensor-parallel size "
+                   "other than tensor_model_parallel_size: Megatron-Core 0.16.1 marks the experts "
+                   "dense (tensor_parallel/layers.py, moe/experts.py: allreduce = not "
+                   "expert_parallel), so their gradients are summed over data parallelism only, not "
+                   "over the TP ranks that routed other tokens to them: silently wrong expert "
+                   "gradients (labkit fuzz --implementation megatron; fixed on Megatron-LM main by "
+                   "use_expert_pgs; tests/test_megatron.py keeps the reproducer)",
     "moe_drop": "moe_token_drop_policy 'position': labkit keeps the first tokens in [s, b] order, "
                 "Megatron takes top-k of the 0/1 routing map (its tie order is the kernel's): the "
                 "two drop different tokens by design; use 'probs'",
@@ -84,6 +96,10 @@ def refusals(cfg, world_size: int) -> list[tuple[str, str]]:
         rules.append("gqa_tp")
     if cfg.num_experts is not None and cfg.add_bias_linear and topo.ep == 1 and topo.etp == 1:
         rules.append("moe_bias")
+    if cfg.num_experts is not None and cfg.add_bias_linear and topo.etp > 1:   # transformer_config.py
+        rules.append("moe_bias_etp")
+    if cfg.num_experts is not None and topo.ep == 1 and topo.etp != topo.tp:   # an upstream bug
+        rules.append("moe_etp_ep1")
     if cfg.num_experts is not None and cfg.moe_expert_capacity_factor is not None \
             and cfg.moe_token_drop_policy == "position":
         rules.append("moe_drop")

@@ -118,8 +118,9 @@ def axis_groups() -> dict:
     out = {"tp": ps.get_tensor_model_parallel_group(), "pp": ps.get_pipeline_model_parallel_group(),
            "dp": ps.get_data_parallel_group(), "ep": ps.get_expert_model_parallel_group(),
            "etp": ps.get_expert_tensor_parallel_group(), "edp": ps.get_expert_data_parallel_group()}
-    if ps.get_pipeline_model_parallel_world_size() > 1:
-        out["embd"] = ps.get_embedding_group()
+    embd = ps.get_embedding_group(check_initialized=False)   # None on a middle stage (pp > 2)
+    if ps.get_pipeline_model_parallel_world_size() > 1 and embd is not None:
+        out["embd"] = embd
     return out
 
 
