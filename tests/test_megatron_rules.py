@@ -56,6 +56,11 @@ def test_experts_without_ep_and_with_their_own_tp_are_refused_for_megatrons_bug(
     assert rules(2, **one) == [] and rules(4, **one, expert_tensor_parallel_size=1, expert_model_parallel_size=2) == []
 
 
+def test_shared_experts_with_biases_are_refused_as_megatron_asserts():
+    shared = dict(MOE, expert_model_parallel_size=2, moe_shared_expert_intermediate_size=32)
+    assert rules(2, **shared) == ["moe_shared_bias"] and rules(2, **shared, add_bias_linear=False) == []
+
+
 def test_every_rule_is_named_in_the_error():
     dense = {k: v for k, v in MOE.items() if k not in ("num_experts", "moe_router_topk")}
     cfg = train_config(**dense, context_parallel_size=2, bf16=True)

@@ -51,6 +51,10 @@ RULES = {
                    "over the TP ranks that routed other tokens to them: silently wrong expert "
                    "gradients (labkit fuzz --implementation megatron; fixed on Megatron-LM main by "
                    "use_expert_pgs; tests/test_megatron.py keeps the reproducer)",
+    "moe_shared_bias": "moe_shared_expert_intermediate_size with add_bias_linear: Megatron-Core's "
+                       "SharedExpertMLP asserts 'bias is not supported in the shared experts' "
+                       "(moe/shared_experts.py); set add_bias_linear=False (found by labkit fuzz "
+                       "--implementation megatron)",
     "moe_drop": "moe_token_drop_policy 'position': labkit keeps the first tokens in [s, b] order, "
                 "Megatron takes top-k of the 0/1 routing map (its tie order is the kernel's): the "
                 "two drop different tokens by design; use 'probs'",
@@ -98,6 +102,8 @@ def refusals(cfg, world_size: int) -> list[tuple[str, str]]:
         rules.append("moe_bias")
     if cfg.num_experts is not None and cfg.add_bias_linear and topo.etp > 1:   # transformer_config.py
         rules.append("moe_bias_etp")
+    if cfg.num_experts is not None and cfg.moe_shared_expert_intermediate_size and cfg.add_bias_linear:
+        rules.append("moe_shared_bias")
     if cfg.num_experts is not None and topo.ep == 1 and topo.etp != topo.tp:   # an upstream bug
         rules.append("moe_etp_ep1")
     if cfg.num_experts is not None and cfg.moe_expert_capacity_factor is not None \
