@@ -152,8 +152,9 @@ def load_into(engine, found: files.Found, cfg, topo) -> dict:
     if scaler:                                   # fp16's dynamic loss scale, saved and wanted
         state["optimizer.grad_scaler"] = None
     fp8 = found.info.get("fp8_state", False) and holdings.fp8_state(engine) is not None
-    saved_ranks = range(found.info["layout"]["world_size"])
-    for r in saved_ranks if fp8 else ():         # every saving rank's linears (any layout)
+    # every saving rank's linears (any layout); a converted checkpoint (interop) has no ranks
+    saved_ranks = range(found.info["layout"]["world_size"]) if fp8 else ()
+    for r in saved_ranks:
         state[f"fp8.rank{r}"] = None
     planner = PiecesLoadPlanner(where=str(found.path))
     dcp.load(state, storage_reader=dcp.FileSystemReader(str(found.path)), planner=planner, no_dist=True)
