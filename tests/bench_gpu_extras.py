@@ -77,11 +77,8 @@ def fp8_part() -> dict:
 
 
 def megatron_part() -> dict:
-    from labkit.config import preset_args
-    from labkit.megatron.compare import Layout, max_diffs, run_layouts
-    model = dict(hidden_size=32, num_attention_heads=4, seq_length=16, global_batch_size=8)
-    layouts = [Layout("GPT-2, world 1", 1, dict(model)),
-               Layout("Llama, world 1", 1, dict(model, **preset_args("llama3-tiny", num_layers=2)))]
+    from labkit.megatron.compare import max_diffs, run_layouts, world1_layouts
+    layouts = world1_layouts()
     rows = []
     for backend in ("nccl", "gloo"):
         for dtype in ("float32", "float64"):

@@ -13,12 +13,9 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed: pip install -r requirements-megatron.txt")
 
-from labkit.config import preset_args  # noqa: E402
-from labkit.megatron.compare import Layout, max_diffs, run_layouts  # noqa: E402
+from labkit.megatron.compare import max_diffs, run_layouts, world1_layouts  # noqa: E402
 
-MODEL = dict(hidden_size=32, num_attention_heads=4, seq_length=16, global_batch_size=8)
-LAYOUTS = [Layout("GPT-2, world 1", 1, dict(MODEL)),
-           Layout("Llama, world 1", 1, dict(MODEL, **preset_args("llama3-tiny", num_layers=2)))]
+LAYOUTS = world1_layouts()
 
 
 @pytest.mark.gpu(devices=1)

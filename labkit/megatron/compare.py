@@ -90,6 +90,14 @@ CHAPTER = [Layout("TP2+SP", 2, dict(CHAPTER_MODEL, tensor_model_parallel_size=2,
            Layout("PP2 1F1B", 2, dict(CHAPTER_MODEL, pipeline_model_parallel_size=2, num_layers=4))]
 
 
+# world size 1, GPT-2 and Llama families: Megatron on one GPU (tests/test_megatron_gpu.py and
+# tests/bench_gpu_extras.py); the Llama model from its preset (RMSNorm, SwiGLU, RoPE, GQA)
+def world1_layouts() -> list:
+    from ..config import preset_args
+    return [Layout("GPT-2, world 1", 1, dict(CHAPTER_MODEL)),
+            Layout("Llama, world 1", 1, dict(CHAPTER_MODEL, **preset_args("llama3-tiny", num_layers=2)))]
+
+
 def summary(runs: dict, steps: int) -> dict:
     """What the chapter prints (and data/megatron_chapter.json records): per layout and
     implementation, the losses, the max |difference| from the reference (losses, gradients) and
