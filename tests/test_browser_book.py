@@ -592,13 +592,16 @@ def test_invalid_rank_grid_keeps_nothing_of_the_last_layout(tools):
 
 
 def test_memory_explorer_says_what_is_wrong_with_a_field(tools):
+    """The explorer answers on the next animation frame (X.perFrame), not inside the input event:
+    each check waits for it (up to 5 s) instead of reading the state the moment the field changed."""
+    from playwright.sync_api import expect
     box = tools.locator("figure[data-explorer=memory]").first
     field = box.locator('[name="pipeline_model_parallel_size"]')
     field.fill("")
-    assert box.get_attribute("data-state") == "invalid"
-    assert "PP is empty" in box.locator("[data-key=error]").inner_text()
+    expect(box).to_have_attribute("data-state", "invalid", timeout=5_000)
+    expect(box.locator("[data-key=error]")).to_contain_text("PP is empty", timeout=5_000)
     field.fill("2.5")
-    assert "whole number" in box.locator("[data-key=error]").inner_text()
+    expect(box.locator("[data-key=error]")).to_contain_text("whole number", timeout=5_000)
     field.fill("16")
     tools.wait_for_function("s => document.querySelector(s).dataset.state !== 'invalid'",
                             arg="figure[data-explorer=memory]")
