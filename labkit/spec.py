@@ -103,11 +103,7 @@ class GPTConfig(ArchArgs, MoEArgs):
         if self.ffn_hidden_size is None:
             object.__setattr__(self, "ffn_hidden_size", self.default_ffn_hidden_size())
         self._check_moe()
-        megatron_rules.ModelConfig(  # the rule book checks sizes, hidden % heads, heads % groups, ...
-            num_layers=self.num_layers, hidden_size=self.hidden_size, seq_length=self.seq_length,
-            num_attention_heads=self.num_attention_heads, vocab_size=self.vocab_size,
-            ffn_hidden_size=self.ffn_hidden_size, make_vocab_size_divisible_by=1,
-            **self.calc_arch(), **self.moe_sizes())
+        self.calc_model()    # the rule book checks sizes, hidden % heads, heads % groups, ...
         self._check_arch()
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:

@@ -276,3 +276,25 @@ def test_recompute_flops_ratio_equals_counted_flops():
     got = recompute_flops_ratio(s, b, h)
     assert got["selective"] == pytest.approx((3 * forward + attn) / (3 * forward), rel=1e-12)
     assert got["full"] == pytest.approx(4 / 3) and got["none"] == 1.0
+
+
+@pytest.mark.parametrize("trap", ["16-bit accumulation", "no RNG restore"])
+def test_a_trap_is_taken_out_after_its_run_even_when_the_run_fails(trap):
+    """Under torchrun a run is the calling process itself: a trap left patched in would silently
+    break every later run of that process (it did before ``planted``)."""
+    from labkit import recompute
+    from labkit.config import TrainConfig
+    from labkit.data_parallel import mixed
+    from labkit.measure.memory_knobs import planted
+    cfg = TrainConfig(**dict(MODEL, bf16=True))
+    before = mixed.main_grad_dtype, recompute.apply
+    assert mixed.main_grad_dtype(cfg) == torch.float32
+    with pytest.raises(RuntimeError, match="inside the run"):
+        with planted(trap):
+            assert (mixed.main_grad_dtype(cfg) == torch.bfloat16) == (trap == "16-bit accumulation")
+            assert (recompute.apply is before[1]) == (trap != "no RNG restore")
+            raise RuntimeError("inside the run")
+    assert (mixed.main_grad_dtype, recompute.apply) == before and mixed.main_grad_dtype(cfg) == torch.float32
+    with pytest.raises(ValueError, match="trap must be one of"):
+        with planted("no such trap"):
+            pass

@@ -17,20 +17,40 @@ import time
 TRAPS = (None, "16-bit accumulation", "no RNG restore")
 
 
-def _run_worker(configs: dict, steps: int, seed: int, trap) -> dict:
+@contextlib.contextmanager
+def planted(trap):
+    """``trap`` (one of :data:`TRAPS`) patched into this process's modules for one run, and taken out
+    again whatever happens: under torchrun the run is this very process, and a later run without the
+    trap must not inherit it."""
     import functools
 
     import torch
 
-    from .. import data, recompute
-    from ..config import TrainConfig
+    from .. import recompute
     from ..data_parallel import mixed
+    if trap not in TRAPS:
+        raise ValueError(f"trap must be one of {TRAPS}, got {trap!r}")
+    saved = mixed.main_grad_dtype, recompute.apply
+    try:
+        if trap == "16-bit accumulation":       # main_grad in the parameters' dtype: the trap
+            mixed.main_grad_dtype = lambda cfg: torch.bfloat16 if cfg.bf16 else torch.float16
+        elif trap == "no RNG restore":          # what torch.utils.checkpoint alone does to labkit
+            recompute.apply = functools.partial(recompute.apply, restore_rng=False)
+        yield
+    finally:
+        mixed.main_grad_dtype, recompute.apply = saved
+
+
+def _run_worker(configs: dict, steps: int, seed: int, trap) -> dict:
+    with planted(trap):
+        return _train_each(configs, steps, seed)
+
+
+def _train_each(configs: dict, steps: int, seed: int) -> dict:
+    from .. import data
+    from ..config import TrainConfig
     from ..parallelize import dense_shards
     from ..training import build_rank, rank_microbatches
-    if trap == "16-bit accumulation":           # main_grad in the parameters' dtype: the trap
-        mixed.main_grad_dtype = lambda cfg: torch.bfloat16 if cfg.bf16 else torch.float16
-    elif trap == "no RNG restore":              # what torch.utils.checkpoint alone does to labkit
-        recompute.apply = functools.partial(recompute.apply, restore_rng=False)
     tokens, out = data.load_tokens(), {}
     for name, kw in configs.items():
         cfg = TrainConfig(**kw)

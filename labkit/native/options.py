@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..validate import positive_int
+
 SCHEDULES = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")     # two stages per rank, placed r and 2p-1-r
 
@@ -124,8 +126,11 @@ def _check_options(cfg, topo, opts: NativeOptions, zero: int) -> list[str]:
     m = cfg.num_microbatches(topo)
     if sched == "DualPipeV" and m < 2 * topo.pp:
         out.append(f"DualPipeV needs at least as many microbatches as stages: {m} < {2 * topo.pp}")
-    if isinstance(opts.dp_replicate, bool) or not isinstance(opts.dp_replicate, int) or opts.dp_replicate < 1 \
-            or topo.dp % opts.dp_replicate:
+    try:                                        # the one positive-int rule (labkit.validate)
+        replicas = positive_int("dp_replicate", opts.dp_replicate)
+    except ValueError:
+        replicas = 0
+    if not replicas or topo.dp % replicas:
         out.append(f"dp_replicate must divide the data-parallel size {topo.dp}, got {opts.dp_replicate!r}")
     elif opts.dp_replicate > 1 and zero < 2:
         out.append(f"dp_replicate {opts.dp_replicate} (HSDP) shards within each replica: use "
