@@ -246,6 +246,24 @@ def test_hidden_cases_are_graded_and_count(master, tmp_path):
     assert d["status"] == "partial" and d["points"] == 0.5
 
 
+def test_an_unwritten_exercise_fails_its_hidden_cases_without_running_them(master, tmp_path):
+    """A stub fails every case alike: its hidden cases are judged from the visible run's failure
+    (no sandboxed run each: half of an unmodified lab's grading time went there). A written answer
+    that fails its visible cases still has its hidden cases run."""
+    hidden = {"double": [{"xs": [7, -1]}, {"xs": [0.5]}]}
+    opts = Options(sandbox=Sandbox("none"), timeout=20, hidden=hidden, keep=True, workdir=str(tmp_path / "w"))
+    r = grade_one(master, MASTER, _student(master, tmp_path), opts)
+    d = _by_id(r)["double"]
+    assert [(c["hidden"], c["passed"]) for c in d["cases"]] == [(False, False)] + [(True, False)] * 2
+    assert all("raised NotImplementedError: write" in c["detail"] for c in d["cases"] if c["hidden"]), d
+    assert not list((tmp_path / "w").glob("*/double-hidden-*"))          # never run
+    def wrong(cells, nb):                                                # written, and wrong
+        cells["double-stub"].source = "def double(x):\n    return x"
+    r = grade_one(master, MASTER, _student(master, tmp_path, "wrong.ipynb", wrong), opts)
+    assert [c["passed"] for c in _by_id(r)["double"]["cases"]] == [False] * 3
+    assert len(list((tmp_path / "w").glob("*/double-hidden-*"))) == 2    # each hidden case ran
+
+
 # -- the gradebook -------------------------------------------------------------------------------
 
 def test_cli_gradebook_ids_canvas_and_json(master, tmp_path):

@@ -100,10 +100,10 @@ def hardware_flops_per_iteration(model: ModelConfig, par: ParallelConfig, conven
 
 
 def _stage_params(model, par, layers, first, last) -> int:
-    pattern, n = model.moe_layers(), 0
-    for i in layers:
-        c = layer_params(model, par.tp, par.ep, moe=bool(pattern[i]))
-        n += c["dense"] + c["expert"]
+    pattern = model.moe_layers()       # a layer's count depends only on whether it is MoE: once each
+    per_kind = {moe: sum(layer_params(model, par.tp, par.ep, moe=moe)[k] for k in ("dense", "expert"))
+                for moe in {bool(pattern[i]) for i in layers}}
+    n = sum(per_kind[bool(pattern[i])] for i in layers)
     word = model.padded_vocab_size(par.tp) * model.hidden_size // par.tp
     if first:
         n += embedding_params(model, par.tp)
@@ -209,12 +209,13 @@ def step_parts(model: ModelConfig, par: ParallelConfig, cluster: Cluster,
 
     pattern = model.moe_layers()
     lg_f, lg_b = logits_times(model, tp, cp, mb, gpu, k, fp8)
-    stages = []
+    stages = []                        # a layer's seconds depend only on whether it is MoE: once each
+    per_kind = {is_moe: layer(moe if is_moe else dense, is_moe) for is_moe in {bool(x) for x in pattern}}
     for s, layers in enumerate(stage_layer_lists(model, par)):
         comp = comm = 0.0
         per_layer = []
         for i in layers:
-            f, b, x = layer(moe if pattern[i] else dense, bool(pattern[i]))
+            f, b, x = per_kind[bool(pattern[i])]
             comp, comm = comp + f + b, comm + x
             per_layer.append((f, b))
         if s == pp - 1:

@@ -175,8 +175,12 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
     outcome = run_job(opts.sandbox, folder, {**payload, "cases": [c for c, _ in cases]}, opts.timeout,
                       total=_left(opts))
     stuck, hidden, peak = _stuck_cell(outcome), [], outcome.peak_bytes
+    unwritten = _unwritten(outcome, len(cases))
     for k, case in enumerate(opts.hidden.get(ex.id, [])):   # each hidden case alone in its own run:
         run = None                                           # no other case's parameters to find there
+        if unwritten is not None:                            # a stub fails every case alike: not run
+            hidden.append(_case_result(spec, dict(case), True, unwritten, opts.judge))
+            continue
         if not stuck and _left(opts) > 0:
             where = folder.with_name(f"{folder.name}-hidden-{k}")
             where.mkdir()
@@ -187,6 +191,17 @@ def grade_exercise(job, folder: Path, notebook: Path, opts: Options, skip: dict 
         peak = max(peak, run.peak_bytes if run else 0)
     result = judge_outcome(ex, spec, cases, outcome, opts.timeout, skipped, earlier, hidden, opts.judge)
     return {**result, "peak_mib": round(peak / 2**20)}, stuck
+
+
+def _unwritten(outcome, n: int):
+    """The first visible case's data event when every visible case reported the answer itself absent
+    (``failed``: "stub", the exercise's ``raise`` still there, or "missing", its name not defined):
+    what any case, hidden ones too, would report, whatever its parameters; else None."""
+    data = [e for e in outcome.events if e.get("event") == "data"]
+    if n == 0 or len(data) != n:
+        return None
+    kinds = [e["data"].get("failed") if isinstance(e.get("data"), dict) else None for e in data]
+    return data[0] if all(k in ("stub", "missing") for k in kinds) else None
 
 
 def _left(opts: Options) -> float:
