@@ -82,10 +82,53 @@ QUICK = (
 )
 
 
+# The grading slice: real labs graded end to end through the grader's command line, in its sandbox
+# (bubblewrap), submission by submission and attack by attack. Its own step of .ci/run
+# (LABKIT_GRADING=1 pytest -m grading), like the browser, Slurm and fuzz slices; in the main suite
+# these are skipped, with that reason: they are 12 tests and about 300 s of CPU of the suite's
+# ~2,300 (2-core machine, 2026-11-28), and the grader's units stay in it (test_grader.py and the
+# check tests grade the fixture lab and each Spec in fresh processes).
+GRADING = (
+    "tests/test_check_new_labs.py::test_memory_knobs_lab_graded_master_full_student_zero_attack_zero",
+    "tests/test_check_new_labs.py::test_recompute_core_graded_in_isolation_hidden_world_size_and_its_ban",
+    "tests/test_check_new_labs.py::test_debugging_specs_read_the_seed_and_judge_hidden_shapes",
+    "tests/test_check_isolation.py::test_every_attack_fails_its_exercise_when_graded",
+    "tests/test_check_isolation.py::test_wrong_ep_split_sizes_and_the_bias_before_the_sum_get_clear_messages",
+    "tests/test_check_isolation.py::test_the_honest_answers_pass_when_graded",
+    "tests/test_check_resume.py::test_graded_in_isolation_on_a_hidden_case",
+    "tests/test_grader.py::test_a_real_lab_unmodified_fails_solved_passes_forged_fails",
+    "tests/test_grader_budget.py::test_syscalls_refused_disk_capped_time_capped_honest_full",
+    "tests/test_grader_caps.py::test_memory_files_and_open_files_capped_honest_full",
+    "tests/test_grader_venv.py::test_a_plain_venv_grades_the_master_full_with_a_relative_workdir",
+    "tests/test_grader_attacks.py::test_a_background_process_dies_with_its_grading_and_never_writes_the_gradebook",
+    "tests/test_grader_attacks.py::test_a_killed_grader_keeps_every_submission_graded_so_far_and_resumes",
+)
+GRADING_STEP = "LABKIT_GRADING"
+
+
 @pytest.hookimpl(tryfirst=True)              # before -m deselects
 def pytest_collection_modifyitems(config, items):
     quick_marks(items, config.getoption("markexpr") == "quick")
+    grading_marks(items, config.getoption("markexpr") == "grading")
     gpu_skips(items)
+
+
+def grading_marks(items, strict: bool) -> None:
+    """Mark ``grading`` the tests :data:`GRADING` names; skip them (saying where they run) unless
+    ``LABKIT_GRADING=1``. ``strict`` (under ``-m grading``): UsageError for a name whose file was
+    collected but that matches no test."""
+    files = {item.nodeid.split("::")[0] for item in items}
+    used = set()
+    for item in items:
+        if item.nodeid.split("[")[0] in GRADING:
+            used.add(item.nodeid.split("[")[0])
+            item.add_marker(pytest.mark.grading)
+            if not os.environ.get(GRADING_STEP):
+                item.add_marker(pytest.mark.skip(reason=(
+                    "the grading slice: its own step of .ci/run runs it (LABKIT_GRADING=1 pytest -m grading)")))
+    stale = [n for n in GRADING if n.split("::")[0] in files and n not in used]
+    if strict and stale:
+        raise pytest.UsageError(f"tests/conftest.py GRADING names tests that do not exist: {stale}")
 
 
 def quick_marks(items, strict: bool) -> None:
