@@ -6,13 +6,15 @@ a tied output layer reads rank 0's own word embeddings (no copy, no embedding al
 
 Tier 1 (no processes): the placement's answers (local hand-offs, end ranks, the embedding group);
 the p2p plan sends no message to oneself and refuses a rank that uses a local hand-off before it
-makes it; calc's per-rank parameters equal what ``stage.split`` really builds, on the loop and the V.
+makes it; calc's per-rank parameters and layers equal what ``stage.split`` really builds, on the
+loop and the V; rank 0's last chunk borrows the tied weight (not its parameter, but used).
 Tier 2 (gloo ranks, ``labkit.train`` with a launch timeout, so a hang fails instead of waiting):
 PP 2 and 4, tied and untied, m = 4 microbatches, and PP 2 x DP 2 and PP 2 x TP 2 train like one
 device (``labkit.reference``, float64): losses and gradient norms of 3 steps, every gradient after
 step 1 (the tied weight's gradient is both uses' sum, once); the p2p bytes each rank sent are the
 schedule's cross-rank messages only (``labkit.calc.labkit_step_bytes`` agrees) and the embedding
-group moves nothing.
+group moves nothing; a checkpoint saved under the V loads under the loop and back, and the run
+continues like one device.
 """
 from __future__ import annotations
 
@@ -161,3 +163,34 @@ def test_the_turn_of_the_v_is_no_message_and_the_tie_no_all_reduce(trained):
         msgs = 2 * m if pp_rank in (0, par.pp - 1) else 4 * m
         assert sent == want == STEPS * msgs * act, f"{name}: rank {r} sent {sent} p2p bytes"
         assert not comm.get("embd", {}), f"{name}: rank {r} moved {comm.get('embd')} on the embedding group"
+
+
+def test_a_checkpoint_moves_between_the_v_and_the_loop(tmp_path):
+    """Save under the V (one tied matrix on rank 0), load under the loop (two copies), back again:
+    the run continues exactly like one device (the shard plan knows both layouts)."""
+    kw = v_config(2)
+    loop = dict(kw, pipeline_schedule=None, num_layers_per_virtual_pipeline_stage=None)
+    a = labkit.train(world_size=2, steps=2, log_interval=0, save=tmp_path / "v", timeout=180, **kw)
+    b = labkit.train(world_size=2, steps=4, log_interval=0, load=tmp_path / "v", save=tmp_path / "loop",
+                     timeout=180, **loop)
+    c = labkit.train(world_size=2, steps=6, log_interval=0, load=tmp_path / "loop", timeout=180, **kw)
+    ref = train_reference(world_size=2, steps=6, **kw)
+    assert_close(torch.tensor(a.losses + b.losses + c.losses), torch.tensor(ref), rtol=0, atol=1e-11)
+
+
+def test_the_last_chunk_of_rank_0_borrows_the_tied_weight_once():
+    """Under the V, rank 0's last chunk reads chunk 0's word embeddings: not among its own parameters
+    (so DP, the optimizer and the norm see the matrix once), but among those its forward uses (so a
+    schedule's W step, ``used_parameters``, still computes the output layer's share)."""
+    from labkit.model import GPT
+    from labkit.pipeline_parallel.stage import split
+    cfg = TrainConfig(**v_config(2))
+    chunks = split(GPT(cfg.model_config(), seed=0).double(), cfg, 0)
+    word = chunks[0].embedding.word_embeddings.weight
+    assert chunks[1].embedding is None and chunks[1].output_layer.weight is None
+    assert all(p is not word for p in chunks[1].parameters())
+    assert any(p is word for p in chunks[1].used_parameters())
+    x = torch.randn(2, 16, 32, dtype=torch.float64)
+    loss = chunks[1](x, torch.randint(0, 256, (2, 16)))
+    (g,) = torch.autograd.grad(loss, [word])
+    assert g.abs().sum() > 0                                      # the output layer's use reaches it
