@@ -65,6 +65,15 @@ def test_embedding_group_of_the_v_is_one_rank():
     assert topo.embedding_groups() == [[0, 2], [1, 3]]           # the loop: first and last
 
 
+def test_the_planted_embedding_sum_bug_acts_only_where_the_tie_crosses_ranks():
+    """labkit.debug's "vpp_embedding_grad_not_summed" drops the embedding group's sum: under the V
+    there is none to drop (one rank holds both ends), so its condition asks the placement."""
+    from labkit.debug.composition import WHEN
+    when = WHEN["vpp_embedding_grad_not_summed"]
+    v, loop = TrainConfig(**v_config(2)), TrainConfig(**dict(v_config(2), pipeline_schedule=None))
+    assert not when(v, v.topology(2)) and when(loop, loop.topology(2))
+
+
 @pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (4, 3), (4, 8)])
 def test_gpipe_v_is_valid_and_sends_no_message_to_itself(p, m):
     sched = S.build("gpipe_v", p, 2, m)

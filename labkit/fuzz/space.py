@@ -42,8 +42,8 @@ def axes(draw, max_world: int = 8) -> dict:
         c["num_layers"] = layers
         if v > 1:
             c["num_layers_per_virtual_pipeline_stage"] = layers // (pp * v)
-        # None (Megatron's), or a schedule of exactly v chunks per rank (gpipe_v: the V placement)
-        c["pipeline_schedule"] = draw(st.sampled_from([None] + sorted(s for s in SCHEDULES if SCHEDULES[s][2] == v)))
+        else:
+            c["pipeline_schedule"] = draw(st.sampled_from([None] + sorted(s for s in SCHEDULES if SCHEDULES[s][2] == 1)))
     if dp * cp > 1:
         zero = draw(st.sampled_from([0, 0, 1, 2, 3]))
         if zero == 1 and draw(st.booleans()):
