@@ -7,7 +7,8 @@ a tied output layer reads rank 0's own word embeddings (no copy, no embedding al
 Tier 1 (no processes): the placement's answers (local hand-offs, end ranks, the embedding group);
 the p2p plan sends no message to oneself and refuses a rank that uses a local hand-off before it
 makes it; calc's per-rank parameters and layers equal what ``stage.split`` really builds, on the
-loop and the V; rank 0's last chunk borrows the tied weight (not its parameter, but used).
+loop and the V; rank 0's last chunk borrows the tied weight (not its parameter, but used); a
+``schedule_fn`` runs on the chunks' placement; labkit.debug's embedding-sum bug asks the placement.
 Tier 2 (gloo ranks, ``labkit.train`` with a launch timeout, so a hang fails instead of waiting):
 PP 2 and 4, tied and untied, m = 4 microbatches, and PP 2 x DP 2 and PP 2 x TP 2 train like one
 device (``labkit.reference``, float64): losses and gradient norms of 3 steps, every gradient after
@@ -203,3 +204,24 @@ def test_the_last_chunk_of_rank_0_borrows_the_tied_weight_once():
     loss = chunks[1](x, torch.randint(0, 256, (2, 16)))
     (g,) = torch.autograd.grad(loss, [word])
     assert g.abs().sum() > 0                                      # the output layer's use reaches it
+
+
+def test_a_schedule_function_runs_on_the_placement_the_chunks_were_cut_for():
+    """A builder set as ``schedule_fn`` (as the labs do) runs on the named schedule's placement, not
+    on the loop; one whose chunk count differs from what the rank holds is refused before it runs."""
+    from types import SimpleNamespace
+
+    from labkit.model import GPT
+    from labkit.pipeline_parallel.executor import PipelineRunner
+    from labkit.pipeline_parallel.stage import split
+    cfg = TrainConfig(**v_config(2))
+    chunks = split(GPT(cfg.model_config(), seed=0).double(), cfg, 1)
+    runner = PipelineRunner(chunks, {"pp": SimpleNamespace(size=2, rank=1)}, schedule=cfg.schedule_name())
+    runner.schedule_fn = S.gpipe_v
+    actions, steps = runner.plan(4)
+    assert runner.placement == "v" and actions == S.gpipe_v(2, 4)[1]
+    assert all(q == 0 for st in steps for q, _ in st.sends + st.recvs)   # rank 1 talks to rank 0 only
+    assert sum(len(st.sends) for st in steps) == 2 * 4                   # the turn stays local
+    runner.schedule_fn = S.gpipe
+    with pytest.raises(ValueError, match="uses 1 model chunk"):
+        runner.plan(4)
