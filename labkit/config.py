@@ -149,6 +149,13 @@ class TrainConfig(ArchArgs, MoEArgs):
         from .pipeline_parallel.placement import default_schedule
         return self.pipeline_schedule or default_schedule(self.virtual_pipeline_size())
 
+    def embedding_ranks(self) -> list[int]:
+        """Pipeline ranks of the embedding group: those holding the first and the last stage under
+        this run's placement (``placement.embedding_ranks``; one rank under a V)."""
+        from .pipeline_parallel.placement import embedding_ranks, placement_of
+        return embedding_ranks(self.pipeline_model_parallel_size, self.virtual_pipeline_size(),
+                               placement_of(self.schedule_name()))
+
     def model_config(self, tp: int | None = None) -> GPTConfig:
         tp = self.tensor_model_parallel_size if tp is None else tp
         return GPTConfig(num_layers=self.num_layers, hidden_size=self.hidden_size,
@@ -172,7 +179,8 @@ class TrainConfig(ArchArgs, MoEArgs):
             micro_batch_size=self.micro_batch_size, global_batch_size=self.global_batch_size,
             use_distributed_optimizer=self.use_distributed_optimizer, zero_stage=self.zero_stage,
             recompute_granularity=self.recompute_granularity, recompute_method=self.recompute_method,
-            recompute_num_layers=self.recompute_num_layers, recompute_modules=self.recompute_modules)
+            recompute_num_layers=self.recompute_num_layers, recompute_modules=self.recompute_modules,
+            pipeline_schedule=self.pipeline_schedule)
         model = megatron_rules.ModelConfig(
             num_layers=self.num_layers, hidden_size=self.hidden_size,
             num_attention_heads=self.num_attention_heads, seq_length=self.seq_length,

@@ -132,9 +132,11 @@ def new_group(name: str, ranks, made: dict | None = None) -> Group:
     return Group(name, ranks, pg)
 
 
-def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
+def build_groups(topo: Topology, axes=tuple(AXES), embedding_ranks=None) -> dict[str, Group]:
     """This rank's group on each axis of ``topo``: {"tp": Group, "dp": Group, ..., "embd": Group
-    (first and last pipeline stage; only on those ranks, when pp > 1), "world": Group}.
+    (the ranks holding the first and the last pipeline stage, ``embedding_ranks`` of each pp group:
+    ``TrainConfig.embedding_ranks()``, default the loop placement's; only on those ranks, when
+    pp > 1; one rank under the V placement), "world": Group}.
 
     Creates every group of every axis on every rank (torch.distributed requires all ranks to take
     part in each ``new_group`` call), and keeps the one containing this rank. Each group's
@@ -151,7 +153,7 @@ def build_groups(topo: Topology, axes=tuple(AXES)) -> dict[str, Group]:
             g = new_group(axis, ranks, made)
             if me in ranks:
                 mine[axis] = g
-    for ranks in topo.embedding_groups():
+    for ranks in topo.embedding_groups(embedding_ranks):
         g = new_group("embd", ranks)
         if me in ranks:
             mine["embd"] = g

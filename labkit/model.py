@@ -141,6 +141,7 @@ class GPT(nn.Module):
         self.output_layer = role(OutputLayer(cfg), "output")
         self.loss_fn = role(LMLoss(), "loss")
         self.layer_runner = None    # seam: runs the decoder layers (labkit.recompute swaps it)
+        self.tied_to = None         # a part's tied output layer reading another part's embedding (part)
         self.reset_parameters(seed)
         gen = torch.Generator().manual_seed(seed)           # one dropout stream for the dense model
         for m in self.modules():
@@ -164,10 +165,15 @@ class GPT(nn.Module):
                 scale = out_std if init == "scaled" else std
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
 
-    def part(self, layers, pre_process: bool = True, post_process: bool = True) -> "GPT":
+    def part(self, layers, pre_process: bool = True, post_process: bool = True, tied_to=None) -> "GPT":
         """A GPT made of some of this model's modules (shared, not copied): the decoder layers
         numbered ``layers``, the embedding if ``pre_process``, the final norm, output layer and loss
-        if ``post_process`` (Megatron's GPTModel arguments of the same names)."""
+        if ``post_process`` (Megatron's GPTModel arguments of the same names).
+
+        ``tied_to``: the embedding module a tied output layer reads when this part has none, held by
+        another part on the same rank (a V placement's rank 0 holds the first and the last stage).
+        It is kept out of this part's modules: the weight stays one parameter, of the part with the
+        embedding, and autograd adds the output layer's use to its gradient, as on one device."""
         new = GPT.__new__(GPT)
         nn.Module.__init__(new)
         new.cfg = self.cfg
@@ -178,13 +184,21 @@ class GPT(nn.Module):
         new.output_layer = self.output_layer if post_process else None
         new.loss_fn = self.loss_fn if post_process else None
         new.layer_runner = None
+        object.__setattr__(new, "tied_to", tied_to)        # not a submodule: not in parameters()
         return new
 
     def output_weight(self) -> torch.Tensor:
-        """The output layer's weight, or the word embeddings when tied and held here."""
+        """The output layer's weight, or the word embeddings when tied (this part's, or ``tied_to``'s)."""
         if self.output_layer.weight is not None:
             return self.output_layer.weight
-        return self.embedding.word_embeddings.weight
+        return (self.embedding if self.embedding is not None else self.tied_to).word_embeddings.weight
+
+    def used_parameters(self) -> list:
+        """The parameters this part's forward reads: its own, and a tied output weight it borrows."""
+        own = list(self.parameters())
+        if self.output_layer is not None and self.output_layer.weight is None and self.embedding is None:
+            own.append(self.output_weight())
+        return own
 
     def forward(self, x, labels=None, position_ids=None):
         """x: tokens [b, s] (a stage with the embedding) or hidden states [b, s, h] (a later
@@ -200,7 +214,7 @@ class GPT(nn.Module):
         if self.output_layer is None:                       # not the last pipeline stage
             return x
         x = self.decoder.final_layernorm(x)
-        tied = self.embedding.word_embeddings.weight if self.output_layer.weight is None else None
+        tied = self.output_weight() if self.output_layer.weight is None else None
         logits = self.output_layer(x, tied)                 # [b, s, V] (V/t under TP)
         return logits if labels is None else self.loss_fn(logits, labels)
 

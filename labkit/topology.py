@@ -151,10 +151,16 @@ class Topology:
         self.coords(rank)  # validates rank
         return next(g for g in self.groups(axis) if rank in g)
 
-    def embedding_groups(self) -> list[list[int]]:
-        """Megatron's embedding groups: the first and the last rank of each pp group (they hold the
-        two copies of a tied word embedding). Empty without pipeline parallelism."""
-        return [[g[0], g[-1]] for g in self.groups("pp")] if self.pp > 1 else []
+    def embedding_groups(self, pp_ranks=None) -> list[list[int]]:
+        """Megatron's embedding groups: in each pp group, the ranks holding the first and the last
+        stage (the two copies of a tied word embedding). ``pp_ranks``: their pipeline ranks, the
+        placement's answer (``placement.embedding_ranks``; default the loop's: first and last); one
+        rank under the V placement. Empty without pipeline parallelism."""
+        from .pipeline_parallel.placement import embedding_ranks
+        if self.pp == 1:
+            return []
+        ranks = embedding_ranks(self.pp) if pp_ranks is None else pp_ranks
+        return [[g[i] for i in ranks] for g in self.groups("pp")]
 
     def describe(self) -> str:
         return (f"world {self.world_size} = tp {self.tp} x cp {self.cp} x dp {self.dp} "

@@ -172,7 +172,7 @@ def build_rank(cfg: TrainConfig, seed: int = 0, zero_classes: dict | None = None
     from .precision import params_dtype
 
     topo = cfg.validate(dist.get_world_size()) if topo is None else topo
-    groups = build_groups(topo)
+    groups = build_groups(topo, embedding_ranks=cfg.embedding_ranks())
     model = GPT(cfg.model_config(), seed=seed).to(device=device(), dtype=params_dtype(cfg))
     engine = parallelize(model, topo, groups, cfg, seed, zero_classes)
     for g in groups.values():

@@ -141,7 +141,7 @@ def test_llama_family_through_the_native_plan(two_ranks):
 
 def test_pipelining_schedules_train_like_labkit_and_one_device():
     """1F1B and Interleaved1F1B against labkit's same schedules; InterleavedZeroBubble, ZB-V and
-    DualPipeV (labkit has no V-shaped schedule) against the reference and labkit's 1F1B."""
+    DualPipeV (orders labkit does not run; its V schedule is gpipe_v) against the reference and labkit's 1F1B."""
     names = ("PP 1F1B", "PP Interleaved1F1B", "PP InterleavedZeroBubble", "PP ZBVZeroBubble", "PP DualPipeV")
     lays = [small(n) for n in names]
     runs = run_layouts(lays[:2], steps=5)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 
 from .comm import all_gather_bytes, reduce_scatter_bytes, ring_all_reduce_bytes, tp_layer_bytes
-from .config import ModelConfig, ParallelConfig, virtual_pipeline_size
-from .params import embedding_params, layer_params
+from .config import ModelConfig, ParallelConfig
+from .params import embedding_params, layer_params, placement
 
 
 def _add(acc: dict, axis: str, op: str, nbytes: float) -> None:
@@ -48,12 +48,14 @@ def labkit_step_bytes(model: ModelConfig, par: ParallelConfig, pp_rank: int = 0,
         raise ValueError("labkit_step_bytes covers TP, SP, PP, VPP, DP and ZeRO-1 only")
     t, p, d, e = par.tp, par.pp, par.dp, bytes_per_element
     s, b, h = model.seq_length, par.micro_batch_size, model.hidden_size
-    v = virtual_pipeline_size(model, par)
+    from ..pipeline_parallel.placement import embedding_ranks, hands_off_locally, rank_stages
+    v, where = placement(model, par)                  # the schedule's placement (loop or V)
     m = par.gbs // (b * d)
     sp = par.sequence_parallel and t > 1
-    stages = [c * p + pp_rank for c in range(v)]
+    stages = rank_stages(pp_rank, p, v, where)
     first, last = 0 in stages, p * v - 1 in stages
     tied = not model.untie_embeddings_and_output_weights
+    copied = tied and len(embedding_ranks(p, v, where)) > 1   # the ends on two ranks: two copies
     N = s * b * h * e
     out: dict = {}
     # -- tensor parallelism, per microbatch ----------------------------------------------------
@@ -79,7 +81,9 @@ def labkit_step_bytes(model: ModelConfig, par: ParallelConfig, pp_rank: int = 0,
     # -- pipeline parallelism, per microbatch --------------------------------------------------
     if p > 1:
         act = b * (s // t if sp else s) * h * e
-        msgs = sum(m * ((st < p * v - 1) + (st > 0)) for st in stages)
+        msgs = sum(m * ((st < p * v - 1 and not hands_off_locally(st, p, v, where))     # a local
+                        + (st > 0 and not hands_off_locally(st - 1, p, v, where)))   # hand-off: no message
+                   for st in stages)
         _add(out, "pp", "send", msgs * act)
         _add(out, "pp", "p2p_header", msgs * 24)
     # -- data parallelism and the tied embedding, per step -------------------------------------
@@ -89,12 +93,12 @@ def labkit_step_bytes(model: ModelConfig, par: ParallelConfig, pp_rank: int = 0,
     params += embedding_params(model, t) if first else 0
     params += 2 * h if last else 0                                   # final layer norm
     shared = 0
-    if last and (not tied or p > 1):                                 # own output weight
+    if last and (not tied or copied):                                # own output weight
         if tied:
             shared += word
         else:
             params += word
-    if first and tied and p > 1:
+    if first and copied:
         params -= word                                               # in the shared bucket
         shared += word
     zero = par.optimizer_shard_stage
@@ -107,6 +111,6 @@ def labkit_step_bytes(model: ModelConfig, par: ParallelConfig, pp_rank: int = 0,
             padded = math.ceil(bucket / d) * d
             _add(out, "dp", "reduce_scatter", reduce_scatter_bytes(padded * e, d))
             _add(out, "dp", "all_gather", all_gather_bytes(padded * e, d))
-    if tied and p > 1 and (first or last):
+    if copied and (first or last):
         _add(out, "embd", "all_reduce", ring_all_reduce_bytes(word * e, 2))
     return out

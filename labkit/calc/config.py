@@ -123,6 +123,8 @@ class ParallelConfig:
     recompute_num_layers: int | None = None    # full: layers per unit (uniform) or per stage (block)
     recompute_modules: tuple | None = None     # selective: Megatron's default ("core_attn",)
     overlap_p2p_comm: bool = True              # Megatron's default; off, interleaving needs PP > 2
+    pipeline_schedule: str | None = None       # labkit's (TrainConfig's): its placement decides what
+                                               # each pp rank holds (pipeline_parallel.placement)
     # uneven pipeline splits (Megatron-LM arguments.py / TransformerConfig; pipeline.pipeline_layer_ranges)
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
@@ -141,6 +143,9 @@ class ParallelConfig:
         positive_int("decoder_last_pipeline_num_layers", self.decoder_last_pipeline_num_layers, allow_none=True)
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.pipeline_schedule is not None:          # fails closed: a name of placement.SCHEDULES
+            from ..pipeline_parallel.placement import check_schedule
+            check_schedule(self.pipeline_schedule)
         if self.recompute_granularity not in (None, "selective", "full"):
             raise ValueError(f"recompute_granularity must be None, 'selective' or 'full', "
                              f"got {self.recompute_granularity!r}")

@@ -25,7 +25,7 @@ from ..validate import positive_int
 from .config import (MIXED_18, ModelConfig, ParallelConfig, PrecisionConfig, num_microbatches,
                      virtual_pipeline_size)
 from .comm import _check_sizes
-from .params import stage_params
+from .params import holds_ends, stage_params
 
 ATTENTION = ("flash", "math")   # fused kernel (output + log-sum-exp) | materialized s x s scores
 
@@ -128,15 +128,21 @@ def cp_layer_activation_bytes(model: ModelConfig, par: ParallelConfig, cp_comm_t
     return layer_activation_bytes(model, par, bytes_act, dropout, attention)
 
 
+GPIPE_ORDER = ("gpipe", "gpipe_v")   # labkit's schedules running every forward before any backward
+
+
 def in_flight_microbatches(model: ModelConfig, par: ParallelConfig, stage: int) -> float:
     """Microbatches (in units of a full stage's layers) whose activations a stage holds at peak.
 
     1F1B: stage i runs pp - i warm-up forwards before its first backward, so holds min(pp-i, m).
     Interleaved (Megatron's schedule): rank i runs (pp-i-1)*2 + (v-1)*pp warm-up chunk-forwards
     plus one, each of 1/v of its layers; for stage 0 this is pp*(1 + (pp-1)/(pp*v)), the
-    "interleaved memory penalty" of Megatron's estimate.
+    "interleaved memory penalty" of Megatron's estimate. GPipe's order (``GPIPE_ORDER``, on the
+    loop or the V): every rank holds all m.
     """
     m, pp, v = num_microbatches(model, par), par.pp, virtual_pipeline_size(model, par)
+    if par.pipeline_schedule in GPIPE_ORDER:
+        return float(m)
     if v == 1:
         return float(min(pp - stage, m))
     chunks = min((pp - stage - 1) * 2 + (v - 1) * pp + 1, m * v)
@@ -173,9 +179,10 @@ def memory_per_stage(model: ModelConfig, par: ParallelConfig, precision: Precisi
         act = layers * layer_activation_bytes(model, par, precision.bytes_activation, dropout,
                                               attention) * in_flight_microbatches(model, par, stage)
         sb = model.seq_length / par.cp * par.micro_batch_size
-        if stage == 0 and dropout:  # the embedding dropout's 1-byte mask, per in-flight microbatch
+        first, last = holds_ends(model, par, stage)
+        if first and dropout:  # the embedding dropout's 1-byte mask, per in-flight microbatch
             act += sb * model.hidden_size * in_flight_microbatches(model, par, 0)
-        if stage == par.pp - 1:  # final norm input and output; fp32 log-softmax of the logits
+        if last:  # final norm input and output; fp32 log-softmax of the logits
             vocab = model.padded_vocab_size(par.tp) / par.tp
             act += sb * (2 * model.hidden_size * precision.bytes_activation + 4 * vocab)
         if par.recompute_granularity == "full":  # one layer is recomputed at a time, in full

@@ -63,19 +63,35 @@ def embedding_params(model: ModelConfig, tp: int = 1) -> int:
     return word + pos
 
 
+def placement(model: ModelConfig, par: ParallelConfig) -> tuple[int, str]:
+    """(v chunks per rank, placement) of the run: the schedule's (``par.pipeline_schedule``; None:
+    Megatron's, the loop). ``labkit.pipeline_parallel.placement`` is the one owner of the answers."""
+    from ..pipeline_parallel.placement import default_schedule, placement_of
+    v = virtual_pipeline_size(model, par)
+    return v, placement_of(par.pipeline_schedule or default_schedule(v))
+
+
 def stage_layers(model: ModelConfig, par: ParallelConfig, stage: int) -> list:
-    """Indices of the layers pipeline rank ``stage`` holds (Megatron's placement: v chunks, the
-    virtual stages stage, stage + pp, ...; ``labkit.pipeline_parallel.placement``, the one owner)."""
+    """Indices of the layers pipeline rank ``stage`` holds (Megatron's loop: v chunks, the virtual
+    stages stage, stage + pp, ...; the V: stage and 2pp-1-stage; ``placement.rank_layers``)."""
     from ..pipeline_parallel.placement import rank_layers
-    return rank_layers(model.num_layers, stage, par.pp, virtual_pipeline_size(model, par))
+    return rank_layers(model.num_layers, stage, par.pp, *placement(model, par))
+
+
+def holds_ends(model: ModelConfig, par: ParallelConfig, stage: int) -> tuple[bool, bool]:
+    """(holds the first stage, holds the last) for pipeline rank ``stage`` (``placement.holds_ends``)."""
+    from ..pipeline_parallel.placement import holds_ends as ends
+    return ends(stage, par.pp, *placement(model, par))
 
 
 def stage_params(model: ModelConfig, par: ParallelConfig, stage: int) -> dict:
-    """Parameters on one rank of pipeline stage ``stage``: {"dense": ..., "expert": ...}.
+    """Parameters on one rank of pipeline rank ``stage``: {"dense": ..., "expert": ...}.
 
-    Stage 0 holds the embeddings; the last stage the final norm and the output layer. With tied
-    embeddings and PP > 1 the last stage keeps its own copy of the word embeddings (Megatron
-    all-reduces the two copies' gradients), so both ends hold V*h/t.
+    The rank with the first stage holds the embeddings; the one with the last stage the final
+    norm and the output layer (``holds_ends``: the placement's answer). With tied embeddings and
+    the ends on two ranks (the loop, PP > 1) the last keeps its own copy of the word embeddings
+    (Megatron all-reduces the two copies' gradients), so both ends hold V*h/t; one rank holding
+    both ends (PP 1, or the V) holds the word embeddings once.
     """
     tp, ep, pattern = par.tp, par.ep, model.moe_layers()
     dense = expert = 0
@@ -84,11 +100,12 @@ def stage_params(model: ModelConfig, par: ParallelConfig, stage: int) -> dict:
         dense += c["dense"]
         expert += c["expert"]
     word = model.padded_vocab_size(tp) * model.hidden_size // tp
-    if stage == 0:
+    first, last = holds_ends(model, par, stage)
+    if first:
         dense += embedding_params(model, tp)
-    if stage == par.pp - 1:
+    if last:
         dense += _norm(model)
-        if model.untie_embeddings_and_output_weights or par.pp > 1:
+        if model.untie_embeddings_and_output_weights or not first:
             dense += word
     return {"dense": dense, "expert": expert}
 

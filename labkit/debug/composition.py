@@ -45,8 +45,10 @@ def _padded(cfg) -> bool:
 WHEN = {
     "vocab_loss_gathered_logits": lambda cfg, topo: topo.tp > 1 and cfg.untie_embeddings_and_output_weights,
     "sp_norm_grads_not_summed_with_cp": lambda cfg, topo: cfg.sequence_parallel and topo.tp > 1 and topo.cp > 1,
+    # the tied weight's two copies are summed only where the ends sit on two ranks (not under a V)
     "vpp_embedding_grad_not_summed": lambda cfg, topo: (cfg.virtual_pipeline_size() > 1
-                                                        and not cfg.untie_embeddings_and_output_weights),
+                                                        and not cfg.untie_embeddings_and_output_weights
+                                                        and len(cfg.embedding_ranks()) > 1),
     "cp_grad_scale_one_over_dp": lambda cfg, topo: topo.dp > 1 and topo.cp > 1,
     "etp_expert_grads_wrong_group": lambda cfg, topo: cfg.num_experts is not None and topo.etp != topo.tp,
     "dist_opt_shard_off_padded_vocab": lambda cfg, topo: (cfg.effective_zero_stage >= 1 and topo.dp * topo.cp > 1

@@ -20,6 +20,7 @@ by the schedule (``scale_grads=True``: each microbatch's loss is a mean, the ste
 """
 from __future__ import annotations
 
+from ..pipeline_parallel.placement import rank_stages, stage_layers   # the one placement
 from .options import V_SHAPED
 
 
@@ -34,19 +35,11 @@ def stages_per_rank(schedule: str, num_layers: int, pp: int, layers_per_stage: i
 
 
 def stage_indices(schedule: str, pp: int, pp_rank: int, v: int) -> list[int]:
-    """The stage indices (of pp * v) pipeline rank ``pp_rank`` holds, in its local order.
-
-    Looped (Megatron, torch's ``style="loop"``): r, r + p, r + 2p, ...; V-shaped (torch's
-    ``style="v"``): r and 2p - 1 - r, so rank 0 holds the first stage and the last one."""
-    if schedule in V_SHAPED:
-        return [pp_rank, 2 * pp - 1 - pp_rank]
-    return [pp_rank + c * pp for c in range(v)]
-
-
-def stage_layers(num_layers: int, num_stages: int, stage: int) -> range:
-    """Layers of stage ``stage``: an even, contiguous split (labkit's ``TrainConfig.stage_layers``)."""
-    n = num_layers // num_stages
-    return range(stage * n, (stage + 1) * n)
+    """The stage indices (of pp * v) pipeline rank ``pp_rank`` holds, in its local order: labkit's
+    one placement (``pipeline_parallel.placement``). Looped (Megatron, torch's ``style="loop"``):
+    r, r + p, r + 2p, ...; V-shaped (torch's ``style="v"``): r and 2p - 1 - r, so rank 0 holds the
+    first stage and the last one."""
+    return rank_stages(pp_rank, pp, v, "v" if schedule in V_SHAPED else "loop")
 
 
 def build_stages(model, pp_group, schedule: str, v: int, device) -> list:

@@ -1,7 +1,8 @@
 """Pipeline and interleaved pipeline parallelism (chapters "Pipeline parallelism", "Interleaved pipeline").
 
 Pure (no torch), importable anywhere:
-    schedules.py   schedules as data: gpipe, one_f_one_b, interleaved, zb_h1 -> per-rank Action lists
+    placement.py   which stages each rank holds, and its consequences: local hand-offs, the ends
+    schedules.py   schedules as data: gpipe, one_f_one_b, interleaved, zb_h1, gpipe_v -> per-rank Action lists
     simulate.py    validate and time a schedule; Event / Simulation
     p2p_plan.py    the schedule's point-to-point messages, batched so NCCL cannot deadlock, proven
 With torch:

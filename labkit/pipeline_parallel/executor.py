@@ -9,7 +9,9 @@ computes. Every message carries its name (kind, stage, microbatch), so a receive
 message than the plan says fails loudly instead of training on the wrong activation. Shapes are
 known on both sides, as in Megatron (``tensor_shape``): an activation between stages is
 [b, s_local, h] (``activation_shape``), a gradient has the shape of the output it belongs to.
-Which virtual stage each chunk is, and which rank holds the next one, is ``placement.py``'s answer.
+Which virtual stage each chunk is, which rank holds the next one, and whether the hand-off stays on
+this rank (a V's turn: the tensor goes straight to the next chunk's inbox, no message) is
+``placement.py``'s answer.
 
 Measurement is not in the path: the executor records a timeline only when given a ``clock``, and
 counts the bytes autograd saves only when a meter is attached (``PipelineRunner.meters``; e.g.
@@ -30,7 +32,7 @@ from .. import comm
 from ..groups import Group
 from . import schedules
 from .p2p_plan import Message, plan
-from .placement import SCHEDULES, default_schedule, holder, stage_of
+from .placement import default_schedule, hands_off_locally, holder, placement_of, stage_of
 from .schedules import Action
 from .simulate import Event
 
@@ -75,6 +77,12 @@ class _Rank:
     def num_stages(self) -> int:
         return self.group.size * len(self.chunks)
 
+    def hand_off(self, msg: Message, t: torch.Tensor, boundary: int) -> None:
+        """Pass ``t`` across the boundary of stages ``boundary`` and ``boundary + 1``: into this
+        rank's inbox when both are its own (no message to itself), else into the outbox."""
+        local = hands_off_locally(boundary, self.group.size, len(self.chunks), self.placement)
+        (self.inbox if local else self.outbox)[msg] = t
+
     def shape(self, msg: Message):
         """A message's shape, known on both sides: an activation [b, s_local, h]; a gradient my output's."""
         if msg.kind == "F":
@@ -105,7 +113,7 @@ class _Rank:
             out = out / len(self.microbatches)              # mean over the global batch
             self.loss_sum += out.detach().double()
         else:
-            self.outbox[Message("F", s + 1, mb)] = out.detach()
+            self.hand_off(Message("F", s + 1, mb), out.detach(), s)
         self.saved[(mb, c)] = (x, out)
         return start
 
@@ -121,12 +129,12 @@ class _Rank:
             if a.kind == "B" and self.uses_w:               # input gradient only, keep the graph
                 if s > 0:
                     torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
-            elif a.kind == "W":                             # weight gradients
-                torch.autograd.backward(out, grad, inputs=list(self.chunks[c].parameters()))
+            elif a.kind == "W":                             # weight gradients (a tied output layer's too)
+                torch.autograd.backward(out, grad, inputs=self.chunks[c].used_parameters())
             else:                                           # whole backward at once
                 torch.autograd.backward(out, grad)
         if a.kind == "B" and s > 0:
-            self.outbox[Message("B", s - 1, mb)] = x.grad
+            self.hand_off(Message("B", s - 1, mb), x.grad, s - 1)
         if a.kind == ("W" if self.uses_w else "B"):         # activations of (mb, c) are freed
             del self.saved[(mb, c)]
             self.inbox.pop(Message("B", s, mb), None)
@@ -176,10 +184,12 @@ def run_schedule(actions, steps, chunks, group: Group, microbatches, dp=None,
 class PipelineRunner:
     """``labkit.parallelize`` runner for pp > 1: this rank's chunks and the schedule that runs them.
 
-    ``schedule``: a name of ``placement.SCHEDULES`` (``TrainConfig.schedule_name()``; None: 1F1B,
-    Megatron's interleaved 1F1B when v > 1), which also fixes where the stages sit; or a builder
-    ``f(p, m) -> schedule`` (``schedules.gpipe``, ``zb_h1``, a student's; Megatron's placement) to
-    compare schedules on the same model (``schedule_fn`` may be set later, as the labs do). The p2p
+    ``schedule``: a name of ``placement.SCHEDULES`` (``TrainConfig.schedule_name()``, the one the
+    chunks were cut for: ``stage.split``; None: 1F1B, Megatron's interleaved 1F1B when v > 1), which
+    also fixes where the stages sit; or a builder ``f(p, m) -> schedule`` (``schedules.gpipe``,
+    ``zb_h1``, a student's) to compare schedules on the same model (``schedule_fn`` may be set
+    later, as the labs do). A builder's actions run on the placement of the named schedule the
+    chunks were cut for (``placement``), and must use as many chunks as this rank holds. The p2p
     plan of each (schedule, m) is derived and checked once, then cached. ``clock``: record a
     timeline (``last_run.events``); ``meters``: measurements to attach (see :func:`run_schedule`).
     """
@@ -196,14 +206,17 @@ class PipelineRunner:
 
     @property
     def placement(self) -> str:
-        return "loop" if self.schedule_fn is not None else SCHEDULES[self.schedule_name][1]
+        """Where the stages sit: the named schedule's placement, whichever actions run on them."""
+        return placement_of(self.schedule_name)
 
     def schedule(self, m: int):
         p, v = self.pp.size, len(self.chunks)
-        if self.schedule_fn is not None:
-            return self.schedule_fn(p, m)
-        builder = getattr(schedules, SCHEDULES[self.schedule_name][0])
-        return builder(p, v, m) if builder is schedules.interleaved else builder(p, m)
+        sched = self.schedule_fn(p, m) if self.schedule_fn is not None else schedules.build(self.schedule_name, p, v, m)
+        used = 1 + max(a.chunk for acts in sched for a in acts)
+        if used != v:
+            raise ValueError(f"the schedule uses {used} model chunk(s) per rank, but this rank holds {v} "
+                             f"(placement {self.placement!r})")
+        return sched
 
     def plan(self, m: int) -> tuple[list[Action], list]:
         """(this rank's actions, its p2p steps) for m microbatches."""

@@ -21,14 +21,17 @@ all the step's operations completed). A buffered transport (gloo, small NCCL mes
 complete sooner. The executor runs exactly these steps, so what is checked here is what runs.
 
 A message is identified as ``Message(kind, stage, microbatch)``: kind "F" is the activation entering
-virtual stage ``stage``, kind "B" the gradient of stage ``stage``'s output.
+virtual stage ``stage``, kind "B" the gradient of stage ``stage``'s output. A hand-off between two
+stages on one rank (``placement.hands_off_locally``: the turn of a V) is no message: the executor
+passes the tensor between its chunks, and :func:`plan` checks that the rank's order runs the
+producer first (:func:`check_local`).
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .placement import holder, stage_of
+from .placement import hands_off_locally, holder, stage_of
 from .schedules import Action
 
 
@@ -55,25 +58,43 @@ class Step:
 
 
 def needs(a: Action, rank: int, p: int, num_stages: int, placement: str = "loop"):
-    """(peer, Message) that action ``a`` must receive first, or None."""
+    """(peer, Message) that action ``a`` must receive first, or None (none, or handed over locally)."""
     v = num_stages // p
     s = stage_of(rank, a.chunk, p, v, placement)
-    if a.kind == "F" and s > 0:
+    if a.kind == "F" and s > 0 and not hands_off_locally(s - 1, p, v, placement):
         return holder(s - 1, p, v, placement)[0], Message("F", s, a.microbatch)
-    if a.kind == "B" and s < num_stages - 1:
+    if a.kind == "B" and s < num_stages - 1 and not hands_off_locally(s, p, v, placement):
         return holder(s + 1, p, v, placement)[0], Message("B", s, a.microbatch)
     return None
 
 
 def produces(a: Action, rank: int, p: int, num_stages: int, placement: str = "loop"):
-    """(peer, Message) that action ``a`` sends when it is done, or None."""
+    """(peer, Message) that action ``a`` sends when it is done, or None (none, or handed over locally)."""
     v = num_stages // p
     s = stage_of(rank, a.chunk, p, v, placement)
-    if a.kind == "F" and s < num_stages - 1:
+    if a.kind == "F" and s < num_stages - 1 and not hands_off_locally(s, p, v, placement):
         return holder(s + 1, p, v, placement)[0], Message("F", s + 1, a.microbatch)
-    if a.kind == "B" and s > 0:
+    if a.kind == "B" and s > 0 and not hands_off_locally(s - 1, p, v, placement):
         return holder(s - 1, p, v, placement)[0], Message("B", s - 1, a.microbatch)
     return None
+
+
+def check_local(schedule, placement: str = "loop") -> None:
+    """ValueError unless every locally handed-off tensor is made before it is used: on a rank
+    holding stages s and s + 1, F of s + 1 comes after F of s, and B of s after B of s + 1."""
+    p = len(schedule)
+    v = 1 + max(a.chunk for acts in schedule for a in acts)
+    for r, acts in enumerate(schedule):
+        pos = {a: i for i, a in enumerate(acts)}
+        for a in acts:
+            s = stage_of(r, a.chunk, p, v, placement)
+            src = s - 1 if a.kind == "F" else s + 1 if a.kind == "B" else None
+            if src is None or not 0 <= src < p * v or not hands_off_locally(min(s, src), p, v, placement):
+                continue
+            before = Action(a.kind, a.microbatch, holder(src, p, v, placement)[1])
+            if pos.get(before, len(acts)) > pos[a]:
+                raise ValueError(f"rank {r} runs {a} (stage {s}) before {before} (stage {src}), "
+                                 f"whose result it takes over locally")
 
 
 def per_action_ticks(actions) -> list[list[int]]:
@@ -126,10 +147,12 @@ def plan(schedule, placement: str = "loop") -> list[list[Step]]:
     placed by ``placement`` (``placement.py``).
 
     Megatron's two batchings are tried in turn (non-interleaved, then interleaved); the first one
-    that :func:`check` proves safe is returned. Raises ValueError if neither is.
+    that :func:`check` proves safe is returned. Raises ValueError if neither is, or if a rank uses a
+    locally handed-off tensor before it makes it (:func:`check_local`).
     """
     p = len(schedule)
     v = 1 + max(a.chunk for acts in schedule for a in acts)
+    check_local(schedule, placement)
     errors = []
     for ticks in (per_action_ticks, interleaved_ticks):
         steps = [rank_steps(acts, r, p, v, ticks, placement) for r, acts in enumerate(schedule)]

@@ -26,15 +26,20 @@ Builders (p = pipeline ranks, m = microbatches per iteration, v = chunks per ran
                        ``min(2(p-r-1) + (v-1)p, m v)``; m must be a multiple of p.
 * :func:`zb_h1`        Zero-bubble ZB-H1 (Qi et al., 2024): backward split into B (input grad)
                        and W (weight grad); W steps are deferred into the cool-down bubble.
+* :func:`gpipe_v`      GPipe's order on the V placement (v = 2: rank r holds stages r and 2p-1-r,
+                       Qi et al., 2024b): the turn of the V is a local hand-off on rank p - 1, and
+                       rank 0 holds both ends (a tied embedding needs no embedding group).
+
+:func:`build` makes a named schedule of ``placement.SCHEDULES`` (``TrainConfig.pipeline_schedule``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..validate import int_at_least, positive_int
-from .placement import holder, stage_of
+from .placement import SCHEDULES, check_schedule, holder, stage_of
 
-__all__ = ["Action", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "warmup_1f1b",
+__all__ = ["Action", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "gpipe_v", "build", "warmup_1f1b",
            "warmup_interleaved", "stage_of", "bubble_formula", "dependencies"]
 
 KINDS = ("F", "B", "W")
@@ -80,6 +85,29 @@ def gpipe(p: int, m: int) -> list[list[Action]]:
     """GPipe: every rank runs F0..F(m-1), then B0..B(m-1); all m activations live at once."""
     _check_sizes(p, m)
     return [[F(i) for i in range(m)] + [B(i) for i in range(m)] for _ in range(p)]
+
+
+def gpipe_v(p: int, m: int) -> list[list[Action]]:
+    """GPipe (Huang et al. 2019, arXiv:1811.06965) on the V placement (Qi et al. 2024, "Pipeline
+    Parallelism with Controllable Memory", arXiv:2405.15362): rank r holds chunk 0 = stage r and
+    chunk 1 = stage 2p-1-r. Every rank runs all forwards of chunk 0, then of chunk 1, then all
+    backwards of chunk 1, then of chunk 0; 2m microbatch-chunks of activations live at once.
+
+        >>> [str(a) for a in gpipe_v(p=2, m=2)[1]]
+        ['F0', 'F1', 'F0.1', 'F1.1', 'B0.1', 'B1.1', 'B0', 'B1']
+    """
+    _check_sizes(p, m)
+    return [[F(i, c) for c in (0, 1) for i in range(m)] + [B(i, c) for c in (1, 0) for i in range(m)]
+            for _ in range(p)]
+
+
+def build(name: str, p: int, v: int, m: int) -> list[list[Action]]:
+    """The schedule ``name`` of ``placement.SCHEDULES`` for p ranks, v chunks each, m microbatches.
+    A builder whose chunk count the table leaves open (None) takes v; the others fix it."""
+    check_schedule(name, v)
+    builder, _, chunks = SCHEDULES[name]
+    fn = globals()[builder]
+    return fn(p, v, m) if chunks is None else fn(p, m)
 
 
 def warmup_1f1b(p: int, r: int, m: int) -> int:

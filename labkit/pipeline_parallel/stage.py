@@ -8,12 +8,15 @@ also holds the embedding; stage S-1 the final norm, the output layer and the los
 ``labkit.model.GPT`` sharing the dense model's modules (``GPT.part``), so the later plans (TP, CP,
 EP) and the one forward apply to it unchanged, and its parameters keep the dense names.
 
-A tied output layer is the word embedding itself; when the first and the last stage are different
-ranks, the last stage gets its own copy (``output_layer.weight``), as Megatron does, and both copies
+A tied output layer is the word embedding itself. Which ranks hold the ends is the placement's
+answer (``placement.end_ranks``). When the first and the last stage are different ranks (the loop),
+the last stage gets its own copy (``output_layer.weight``), as Megatron does, and both copies
 are tagged ``shared_embedding``; their gradients are summed over the embedding group after each
 backward, so the copies stay equal. In the shard plan both copies are one dense parameter held by
 the two ranks of the embedding group, summed over it; the first stage's copy is the one the
-gradient norm counts (Megatron's ``shared`` tag on the other: ``param_is_not_shared``).
+gradient norm counts (Megatron's ``shared`` tag on the other: ``param_is_not_shared``). When one
+rank holds both ends (the V), its last chunk reads that rank's own embedding (``GPT.part(tied_to=)``):
+one parameter, no copy, no sum; autograd adds both uses into its gradient, as on one device.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from .. import shard_plan as sp_
 from ..modules import role
 from ..model import OutputLayer
 from ..param_attrs import tag
-from .placement import SCHEDULES, rank_stages, stage_of  # noqa: F401 - stage_of: the one placement
+from .placement import end_ranks, placement_of, rank_stages, stage_of  # noqa: F401 - stage_of: the one placement
 
 EMBEDDING = "embedding.word_embeddings.weight"
 
@@ -35,12 +38,16 @@ def split(model, cfg, pp_rank: int, plan: sp_.ShardPlan | None = None) -> list:
     placement). ``plan``: the dense model's shard plan, refined in place to what this rank holds.
     """
     pp, v = cfg.pipeline_model_parallel_size, cfg.virtual_pipeline_size()
-    placement, last = SCHEDULES[cfg.schedule_name()][1], pp * v - 1
+    placement, last = placement_of(cfg.schedule_name()), pp * v - 1
     tied = model.output_layer.weight is None
+    first_rank, last_rank = end_ranks(pp, v, placement)
+    copied = tied and first_rank != last_rank             # the tie crosses ranks: two copies
     chunks, copy = [], None
     for s in rank_stages(pp_rank, pp, v, placement):
-        chunk = model.part(cfg.stage_layers(s), pre_process=(s == 0), post_process=(s == last))
-        if tied and last > 0 and s == last:               # its own copy of the word embeddings
+        borrow = tied and not copied and s == last and s > 0   # the embedding is another chunk's here
+        chunk = model.part(cfg.stage_layers(s), pre_process=(s == 0), post_process=(s == last),
+                           tied_to=model.embedding if borrow else None)
+        if copied and s == last:                          # its own copy of the word embeddings
             out = role(OutputLayer(model.cfg), "output")  # tied config: no weight of its own yet
             out.weight = copy = nn.Parameter(model.embedding.word_embeddings.weight.detach().clone())
             chunk.output_layer = out
@@ -49,7 +56,7 @@ def split(model, cfg, pp_rank: int, plan: sp_.ShardPlan | None = None) -> list:
         held = {n for c in chunks for n, _ in c.named_parameters()}
         for name in set(plan) - held:
             del plan[name]
-        if tied and last > 0:                             # both copies: summed over the embd group
+        if copied:                                        # both copies: summed over the embd group
             if EMBEDDING in held:
                 plan[EMBEDDING] = plan[EMBEDDING].with_replicas("embd", 0, 2, summed=True)
             if copy is not None:
