@@ -30,6 +30,7 @@ PP = dict(pipeline_model_parallel_size=2, num_layers=4, untie_embeddings_and_out
     (2, dict(hidden_dropout=0.1), NativeOptions(), ["dropout"]),
     (2, dict(PP, untie_embeddings_and_output_weights=False), NativeOptions(), ["tied embeddings", "untie"]),
     (2, PP, NativeOptions(schedule="GPipe"), ["schedule must be one of"]),
+    (2, dict(PP, pipeline_schedule="gpipe"), NativeOptions(), ["pipeline_schedule 'gpipe'", "NativeOptions(schedule"]),
     (2, dict(PP, num_layers=2), NativeOptions(schedule="ZBVZeroBubble"), ["num_layers 2", "2 x pp = 4"]),
     (2, dict(PP, global_batch_size=4), NativeOptions(schedule="DualPipeV"), ["2 < 4"]),
     (2, PP, NativeOptions(schedule="Interleaved1F1B"), ["num_layers_per_virtual_pipeline_stage"]),

@@ -104,6 +104,10 @@ def check_native(cfg, world_size: int, opts: NativeOptions):
         refuse.append("tied embeddings with a pipeline: torch.distributed.pipelining has no "
                       "shared-parameter sum between the first and last stage (Megatron's embedding "
                       "group); set untie_embeddings_and_output_weights=True, as torchtitan's Llama is")
+    if cfg.pipeline_schedule is not None:
+        refuse.append(f"pipeline_schedule {cfg.pipeline_schedule!r} is labkit's executor's: the native "
+                      f"path runs torch.distributed.pipelining's schedules, chosen by "
+                      f"NativeOptions(schedule=...) (one of {', '.join(SCHEDULES)})")
     refuse += _check_options(cfg, topo, opts, zero)
     if refuse:
         raise ValueError("implementation 'native' cannot run this layout: " + "; ".join(refuse))
