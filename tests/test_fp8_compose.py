@@ -7,6 +7,9 @@ rank; a parallel FP8 run equals it to 1e-12 on the losses and 1e-10 on the gradi
     ep2                 routed experts' linears in FP8, amaxes over the ranks holding that expert
                         (etp x edp); over the whole stage, as Megatron's one group does, the loss
                         drifts by 6.6e-4 (measured: experts 0 and 2 would share a scale)
+    ep negative control the same runs with the experts' amax group replaced inside the ranks: over the
+                        stage (2 ranks, ep2) or not reduced at all (4 ranks, ep2 x edp2: an expert's
+                        two replicas scale their own tokens) drift beyond the bound; the right one not
     recompute           the recomputed forward quantizes with the first forward's delayed scales
                         and leaves the histories alone (one update per forward); the unit test
                         below fails without it
@@ -164,3 +167,42 @@ def test_expert_amaxes_are_reduced_over_the_ranks_holding_that_expert():
     assert amax_ranks(t) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert amax_ranks(t, expert=True) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert amax_ranks(t, tp_only=True) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def _experts_amax_worker(wrong: str, *args):
+    """labkit.training's rank worker, the routed experts' amax group replaced: "stage" (every rank of
+    the pipeline stage, Megatron's one amax group: two experts share a scale) or "none" (no
+    reduction: each replica of an expert scales from its own tokens)."""
+    from labkit import training
+    from labkit.fp8 import linear
+    right = linear.amax_group
+
+    def amax_group(topo, tp_only=False, expert=False):
+        group = right(topo, tp_only, expert)               # every group still made, in order, on every rank
+        if not expert:
+            return group
+        return right(topo, tp_only) if wrong == "stage" else None
+    linear.amax_group = amax_group                         # parallelize imports it when it builds the model
+    return training._worker(*args)
+
+
+@pytest.mark.parametrize("wrong,world,layout", [
+    ("stage", 2, dict(num_experts=4, expert_model_parallel_size=2, moe_router_topk=2)),
+    ("none", 4, dict(num_experts=4, expert_model_parallel_size=2, moe_router_topk=2, global_batch_size=8))])
+def test_experts_amax_outside_their_group_drifts_the_right_group_does_not(wrong, world, layout):
+    """The negative control of the ep layouts: the right expert amax group gives the one-device FP8
+    run (1e-12; measured 8.9e-16 and 0); the wrong one differs by far more than that bound (measured
+    6.6e-4 over the stage, 5.5e-4 with no reduction; delayed: 6.9e-4 and 1.2e-4). About 35 s for both."""
+    from labkit.launcher import launch
+    from labkit.training import _result, train_config
+    cfg = dict(BASE, fp8_recipe="tensorwise", **layout)
+    ref = train_reference(world_size=world, steps=2, **cfg)
+    right = labkit.train(world_size=world, steps=2, log_interval=0, **cfg)
+    c = train_config(**cfg)
+    c.validate(world)
+    bad = _result(launch(_experts_amax_worker, world, wrong, c, 2, 0, 0, False, None, None, timeout=600),
+                  c, world, False)
+    right_gap = max(abs(a - b) for a, b in zip(right.losses, ref))
+    wrong_gap = max(abs(a - b) for a, b in zip(bad.losses, ref))
+    assert right_gap <= 1e-12, right_gap
+    assert wrong_gap > 1e-6, f"the experts' amax outside their group changed the loss by only {wrong_gap:.3g}"

@@ -1,5 +1,6 @@
-"""Figures of the chapter "FP8: four ways to scale", drawn from ``labkit.fp8`` objects (Quantized
-tensors, DelayedScaling states) and measured runs. Each function returns a matplotlib Figure."""
+"""Figures of the chapter "FP8: four ways to scale" and of its lab, drawn from ``labkit.fp8`` objects
+(Quantized tensors, DelayedScaling states) and measured runs. Each figure function returns a
+matplotlib Figure; ``block_error`` measures what ``block_errors`` draws."""
 from __future__ import annotations
 
 import math
@@ -91,6 +92,40 @@ def bytes_per_param(rows: list[dict]):
     ax.set_xlim(0, max(r["data"] + r["scales"] for r in rows) * 1.35)
     ax.set_xlabel("bytes per weight element")
     ax.legend(frameon=False, fontsize=SMALL_PT, loc="lower right")
+    return fig
+
+
+def block_error(x, q, tile=(1, 128)):
+    """Mean relative error |deq - x| / |x| of ``q`` (a Quantized of x) over each ``tile`` of x, its
+    zeros left out -> [rows / tile_m, cols / tile_n] (the chapter's "mean relative error", per tile)."""
+    import torch
+    x = x.float()
+    nz = x != 0
+    rel = torch.where(nz, (q.dequantize() - x).abs() / torch.where(nz, x.abs(), torch.ones_like(x)), 0.0)
+    bm, bn = tile
+    m, k = x.shape
+    per = lambda t: t.reshape(m // bm, bm, k // bn, bn).sum(dim=(1, 3))  # noqa: E731 - one sum per tile
+    return per(rel) / per(nz.float()).clamp_min(1.0)
+
+
+def block_errors(errors: dict, outlier: int | None = None):
+    """The relative error of each 1x128 tile (row-major tile index on x) under each recipe, log
+    scale; ``errors``: {recipe: [tiles] tensor} (``block_error``); ``outlier``: the tile to mark."""
+    fig, ax = new(5.0, 3.0)
+    for name, err in errors.items():
+        e = err.flatten().clamp_min(1e-6)
+        colour = COLOURS["blockwise" if name.startswith("blockwise") else name]
+        ax.semilogy(range(e.numel()), e.tolist(), marker="o", ms=3.5, lw=0.6, color=colour, label=name)
+    if outlier is not None:                                   # the empty band between the two lines
+        top = max(float(err.flatten()[outlier]) for err in errors.values())
+        ax.annotate("the outlier's tile", (outlier, top), xytext=(0.02, 0.5), textcoords="axes fraction",
+                    fontsize=SMALL_PT, arrowprops=dict(arrowstyle="->", lw=0.8))
+    ax.set_ylim(0.005, 2.0)
+    ax.set_yticks([0.01, 0.1, 1.0], ["0.01", "0.1", "1"])     # plain labels: a phone cannot read 10^-2
+    ax.set_yticks([], minor=True)
+    ax.set_xlabel("1x128 tile (row-major)")
+    ax.set_ylabel("mean relative error")
+    ax.legend(frameon=False, fontsize=SMALL_PT, loc="center right")
     return fig
 
 

@@ -1,0 +1,194 @@
+"""The FP8 lab (issue 32): blockwise quantize/dequantize and delayed scaling's amax update as Specs.
+
+* The master's solutions (read from solutions/fp8-lab.ipynb, so the master is what is tested) pass
+  every visible and hidden case, bit for bit against labkit's own recipes.
+* A planted wrong answer of each exercise fails with the message a student needs: a tile dropped
+  at the ragged edge, the power-of-two rounding forgotten, an all-zero block without Transformer
+  Engine's rule, data cast with the scale before its rounding, amax / 448 instead of 1 / (448 / amax),
+  the Python float 448.0 / amax (torch computes it as 448 * (1 / amax));
+  dividing by scale_inv, a transposed block index; the history rolled the wrong way, the margin
+  left out, the amax 0 rule missing, "max" used for "most_recent".
+* Graded as the grader does (a fresh runner process, the judge here): a hidden case passes, and an
+  answer that calls labkit's quantizer is refused.
+* The lab's figure: legible on a phone, deterministic, and it shows what the prose says.
+About 25 s on the 2-core machine (the isolated gradings 3-8 s each).
+"""
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit.check import fp8 as check
+from labkit.check.registry import find
+from labkit.check.spec import run
+from test_check_isolation import run_all
+
+nbformat = pytest.importorskip("nbformat", reason="the notebook tools (requirements.txt) are not installed")
+
+ROOT = Path(__file__).resolve().parents[1]
+MASTER = ROOT / "solutions" / "fp8-lab.ipynb"
+HIDDEN = ROOT / "solutions" / "hidden" / "fp8-lab.json"
+SETUP = "import torch\n\nfrom labkit import fp8\n"
+
+
+def _solutions() -> dict:
+    """{exercise id: the master's solution source}."""
+    nb = nbformat.read(MASTER, as_version=4)
+    return {c.metadata["labkit"]["exercise"]: c.source for c in nb.cells
+            if c.metadata.get("labkit", {}).get("role") == "solution" and "exercise" in c.metadata["labkit"]}
+
+
+def _fn(source: str, name: str, *edits):
+    """``name`` from ``source`` after each (old, new) edit, which must apply (a plant that misses is a bug)."""
+    for old, new in edits:
+        assert old in source, old
+        source = source.replace(old, new)
+    ns = {"torch": torch}
+    exec(SETUP + source, ns)  # noqa: S102 - the master's own source, edited by this test
+    return ns[name]
+
+
+def _cases(exercise: str) -> list:
+    import json
+    return list(find(exercise).cases) + json.loads(HIDDEN.read_text())[exercise]
+
+
+ROLES = {"blockwise-quantize": ("quantize", "blockwise_quantize"),
+         "blockwise-dequantize": ("dequantize", "blockwise_dequantize"), "amax-update": ("update", "amax_update")}
+
+
+def _verdicts(exercise, fn, cases=None):
+    role = ROLES[exercise][0]
+    return [run(find(exercise), {role: fn}, **case) for case in (cases or _cases(exercise))]
+
+
+@pytest.mark.parametrize("exercise", sorted(ROLES))
+def test_the_masters_solution_passes_every_visible_and_hidden_case(exercise):
+    fn = _fn(_solutions()[exercise], ROLES[exercise][1])
+    results = _verdicts(exercise, fn)
+    assert len(results) >= 4 and all(results), [r.line() for r in results if not r]
+
+
+Q = "blockwise-quantize"
+# (edits of the master's solution, the case it fails (index into visible + hidden; None: all),
+#  words of the message, words of the hint)
+PLANTS = {
+    Q: [((("return data, 1.0 / scale", "return data, (1.0 / scale)[:, : k // bn]"),), 0,
+         "scale_inv is (8, 2) torch.float32, expected (8, 3)", "ragged last blocks"),
+        ((("    if pow2:", "    if False:"),), 0, "scale_inv", "round the scale DOWN"),
+        ((("(amax == 0) | torch.isinf(amax)", "torch.isinf(amax)"),), 0, "block (0, 2): scale_inv", "all-zero block"),
+        ((("s = scale.repeat_interleave", "s = (torch.full_like(amax, 448.0) / amax).repeat_interleave"),), 0,
+         "element (0, ", "with the block's scale"),
+        ((("return data, 1.0 / scale", "return data, torch.where(scale == 1, scale, amax / 448.0)"),), 2,
+         "scale_inv", "last bit")],
+    "blockwise-dequantize": [
+        ((("return data.float() * s", "return data.float() / s"),), None, "element (", "multiply by scale_inv"),
+        ((("s = scale_inv.repeat_interleave", "s = scale_inv.flip(1).repeat_interleave"),), 0, "element (",
+         "belongs to block")],
+    "amax-update": [
+        ((("torch.roll(history, 1)", "torch.roll(history, -1)"),), 0, "step 2", "torch.roll(history, 1)"),
+        ((("/ 2.0 ** fp8_margin", ""),), 1, "scale", "2**fp8_margin"),
+        ((("sf = torch.where(a > 0.0, sf, scale)", "pass"),), 1, "step 2 (amax 0", "keeps the previous scale"),
+        ((('if fp8_amax_compute_algo == "max" else history[0]', ""),), 1, "scale", "most recent"),
+    ],
+}
+
+
+@pytest.mark.parametrize("exercise,plant", [(e, k) for e in PLANTS for k in range(len(PLANTS[e]))],
+                         ids=lambda v: str(v))
+def test_a_planted_wrong_answer_fails_with_an_actionable_message(exercise, plant):
+    edits, case, words, hint = PLANTS[exercise][plant]
+    fn = _fn(_solutions()[exercise], ROLES[exercise][1], *edits)
+    cases = _cases(exercise)
+    results = _verdicts(exercise, fn, [cases[case]] if case is not None else cases)
+    failed = [r for r in results if not r]
+    assert failed, f"the planted answer passed: {edits}"
+    r = failed[0]
+    assert words in r.message and hint in r.hint, r.line()
+
+
+def test_the_python_float_division_is_caught_where_it_rounds_differently():
+    """``448.0 / amax`` (a Python float over a tensor) is computed by torch as 448 * (1 / amax): one
+    rounding more. With power-of-two scales it rarely shows; with fp32 scales (hidden case) it does."""
+    fn = _fn(_solutions()[Q], "blockwise_quantize", ("torch.full_like(amax, 448.0) / amax", "448.0 / amax"))
+    results = _verdicts(Q, fn, [c for c in _cases(Q) if not c["pow2"]])
+    failed = [r for r in results if not r]
+    assert failed, "448.0 / amax passed every fp32-scale case: the hidden cases no longer tell"
+    assert "division of two tensors" in failed[0].hint, failed[0].line()
+    fn = _fn(_solutions()["amax-update"], "amax_update", ("torch.full_like(a, fp8_max) / a", "fp8_max / a"))
+    failed = [r for r in _verdicts("amax-update", fn) if not r]
+    assert failed and "division of two tensors" in failed[0].hint, [r.line() for r in failed]
+
+
+def test_graded_in_isolation_a_hidden_case_passes_and_labkits_quantizer_is_refused():
+    import json
+    hidden = json.loads(HIDDEN.read_text())
+    sol = _solutions()
+    banned = "def blockwise_quantize(x, block, pow2=True):\n    q = fp8.quantize_blockwise(x, fp8.E4M3, block, pow2)\n" \
+             "    return q.data, q.scale_inv\n"
+    delayed = "def amax_update(history, amax, scale, fp8_amax_history_len, fp8_amax_compute_algo, fp8_margin, " \
+              "fp8_max=448.0):\n    s = fp8.DelayedScaling(fp8.E4M3)\n    s.update(amax)\n    return history, s.scale\n"
+    honest_q, honest_a, attack_q, attack_a = run_all([
+        (Q, sol[Q], SETUP, hidden[Q][1:2]), ("amax-update", sol["amax-update"], SETUP, hidden["amax-update"][:2]),
+        (Q, banned, SETUP), ("amax-update", delayed, SETUP)])
+    assert all(r.passed for r in honest_q + honest_a), [r.line() for r in honest_q + honest_a]
+    for r in attack_q + attack_a:
+        assert not r.passed and "labkit's own implementation" in r.message, r.line()
+
+
+def test_an_answer_of_the_wrong_type_is_told_so():
+    r = _verdicts(Q, lambda x, block, pow2=True: (x, torch.ones(1)), _cases(Q)[:1])[0]
+    assert not r and "float8_e4m3fn" in r.message, r.line()
+    r = _verdicts("amax-update", lambda history, amax, scale, **kw: float(scale), _cases("amax-update")[:1])[0]
+    assert not r and "(history, scale)" in r.message, r.line()
+
+
+def test_the_outlier_figure_is_legible_and_shows_the_outlier_confined_to_its_tile():
+    from labkit import fp8
+    from labkit.figures import MIN_LABEL_PX, smallest_label_px, svg
+    from labkit.figures import fp8 as F
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 512, generator=g)
+    x[5, 300] = 1e5
+    errors = {"tensorwise": F.block_error(x, fp8.quantize_tensorwise(x, fp8.E4M3)),
+              "blockwise 1x128": F.block_error(x, fp8.quantize_blockwise(x, fp8.E4M3, (1, 128)))}
+    tw, bw = (e.flatten() for e in errors.values())
+    tile = 5 * 4 + 300 // 128
+    others = torch.ones(64, dtype=torch.bool)
+    others[tile] = False
+    assert bw[tile] > bw[others].max()                       # blockwise: the outlier's tile is the worst
+    assert tw[others].median() > 5 * bw[others].median()     # tensorwise: every tile pays for it
+    a, b = svg(F.block_errors(errors, outlier=tile)), svg(F.block_errors(errors, outlier=tile))
+    assert a == b and "<text" in a
+    assert smallest_label_px(a) >= MIN_LABEL_PX, smallest_label_px(a)
+
+
+@pytest.mark.slow
+def test_fp8_lab_graded_master_full_student_zero_attack_zero(tmp_path):
+    """End to end, as an instructor grades: the master gets 7 of 7 (every visible and hidden case), the
+    student copy 0, and a copy whose stub calls labkit's quantizer and fakes the check 0."""
+    import json
+    import subprocess
+    import sys
+
+    from labkit.notebooks import student_copy
+    from labkit.notebooks.sandbox import Sandbox
+    subs = [tmp_path / "solved.ipynb", tmp_path / "student.ipynb", tmp_path / "attack.ipynb"]
+    subs[0].write_bytes(MASTER.read_bytes())
+    student_copy(MASTER, subs[1])
+    nb = nbformat.read(subs[1], as_version=4)
+    stub = next(c for c in nb.cells if c.metadata.get("labkit", {}) == {"exercise": Q, "role": "stub"})
+    stub.source = ("import types\ncheck = types.SimpleNamespace(blockwise_quantize=lambda f: print('[check] PASS x: trust me'))\n"
+                   "def blockwise_quantize(x, block, pow2=True):\n    q = fp8.quantize_blockwise(x, fp8.E4M3, block, pow2)\n"
+                   "    return q.data, q.scale_inv\n")
+    nbformat.write(nb, subs[2])
+    box = [] if not Sandbox("bwrap").available() else ["--sandbox", "none", "--unsafe-no-sandbox"]
+    out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", *map(str, subs), "--master", str(MASTER),
+                          "--json", "--out", str(tmp_path / "grades"), *box],
+                         capture_output=True, text=True, cwd=ROOT, timeout=900)
+    solved, student, attack = (json.loads(line) for line in out.stdout.splitlines())
+    assert (solved["points"], solved["max_points"]) == (7, 7), solved
+    assert [len(x["cases"]) for x in solved["exercises"]] == [6, 4, 5]        # visible + hidden
+    assert student["points"] == 0 and "not written yet" in student["exercises"][0]["message"]
+    assert attack["points"] == 0 and "trust me" not in json.dumps(attack)
+    assert "labkit's own implementation" in attack["exercises"][0]["message"], attack["exercises"][0]
