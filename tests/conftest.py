@@ -85,11 +85,12 @@ QUICK = (
 # The grading slice: real labs graded end to end through the grader's command line, in its sandbox
 # (bubblewrap), submission by submission and attack by attack. Its own step of .ci/run
 # (LABKIT_GRADING=1 pytest -m grading), like the browser, Slurm and fuzz slices; in the main suite
-# these are skipped, with that reason: they are 12 tests and about 300 s of CPU of the suite's
+# these are skipped, with that reason: they are 14 tests and about 450 s of CPU of the suite's
 # ~2,300 (2-core machine, 2026-11-28), and the grader's units stay in it (test_grader.py and the
 # check tests grade the fixture lab and each Spec in fresh processes).
 GRADING = (
     "tests/test_check_new_labs.py::test_memory_knobs_lab_graded_master_full_student_zero_attack_zero",
+    "tests/test_fp8_lab.py::test_fp8_lab_graded_master_full_student_zero_attack_zero",
     "tests/test_check_new_labs.py::test_recompute_core_graded_in_isolation_hidden_world_size_and_its_ban",
     "tests/test_check_new_labs.py::test_debugging_specs_read_the_seed_and_judge_hidden_shapes",
     "tests/test_check_isolation.py::test_every_attack_fails_its_exercise_when_graded",
