@@ -91,7 +91,8 @@ def _honest():
 
 
 HONEST = _honest()
-LARGE = {"bucket-hook", "fsdp-tp-mesh", "one-f-one-b-loop", "tp-plan", "zero1-step", "zero2-hook"}
+LARGE = {"blockwise-dequantize", "blockwise-quantize", "bucket-hook", "fsdp-tp-mesh", "one-f-one-b-loop", "tp-plan",
+         "zero1-step", "zero2-hook"}
 
 
 def _leaves(data, path=()):
