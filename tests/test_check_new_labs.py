@@ -182,25 +182,14 @@ def test_every_lab_of_the_book_is_known_to_the_grader_and_listed_for_instructors
 
 @pytest.mark.slow
 def test_memory_knobs_lab_graded_master_full_student_zero_attack_zero(tmp_path):
-    from labkit.notebooks import student_copy
-    from labkit.notebooks.sandbox import Sandbox
-    master = ROOT / "solutions" / "memory-knobs-lab.ipynb"
-    subs = [tmp_path / "solved.ipynb", tmp_path / "student.ipynb", tmp_path / "attack.ipynb"]
-    subs[0].write_bytes(master.read_bytes())
-    student_copy(master, subs[1])
-    nb = nbformat.read(subs[1], as_version=4)
-    stub = next(c for c in nb.cells if c.metadata.get("labkit", {}).get("role") == "stub")
-    stub.source = ("import types\nimport labkit.check.memory_knobs as mk\nfrom labkit.recompute import checkpoint\n"
-                   "mk._judge = lambda data, **case: mk.report('recompute_core', True, 'trust me')\n"
-                   "check = types.SimpleNamespace(recompute_core=lambda f: print('[check] PASS recompute_core: trust me'))\n"
-                   "def recompute(core, q, k, v):\n"
-                   "    return checkpoint(core, [core.attention_dropout.generator], q, k, v)\n")
-    nbformat.write(nb, subs[2])
-    box = [] if not Sandbox("bwrap").available() else ["--sandbox", "none", "--unsafe-no-sandbox"]
-    out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", *map(str, subs), "--master", str(master),
-                          "--json", "--out", str(tmp_path / "grades"), *box],
-                         capture_output=True, text=True, cwd=ROOT, timeout=600)
-    solved, student, attack = (json.loads(line) for line in out.stdout.splitlines())
+    from grading_e2e import grade_master_student_attack
+    attack = ("import types\nimport labkit.check.memory_knobs as mk\nfrom labkit.recompute import checkpoint\n"
+              "mk._judge = lambda data, **case: mk.report('recompute_core', True, 'trust me')\n"
+              "check = types.SimpleNamespace(recompute_core=lambda f: print('[check] PASS recompute_core: trust me'))\n"
+              "def recompute(core, q, k, v):\n"
+              "    return checkpoint(core, [core.attention_dropout.generator], q, k, v)\n")
+    solved, student, attack = grade_master_student_attack(
+        ROOT / "solutions" / "memory-knobs-lab.ipynb", tmp_path, lambda m: m.get("role") == "stub", attack, 600)
     assert (solved["points"], solved["max_points"]) == (4, 4), solved
     assert len(solved["exercises"][0]["cases"]) == 3 and solved["exercises"][0]["checked"] == "isolated"
     assert student["points"] == 0 and "not written yet" in student["exercises"][0]["message"]

@@ -168,25 +168,13 @@ def test_fp8_lab_graded_master_full_student_zero_attack_zero(tmp_path):
     """End to end, as an instructor grades: the master gets 7 of 7 (every visible and hidden case), the
     student copy 0, and a copy whose stub calls labkit's quantizer and fakes the check 0."""
     import json
-    import subprocess
-    import sys
 
-    from labkit.notebooks import student_copy
-    from labkit.notebooks.sandbox import Sandbox
-    subs = [tmp_path / "solved.ipynb", tmp_path / "student.ipynb", tmp_path / "attack.ipynb"]
-    subs[0].write_bytes(MASTER.read_bytes())
-    student_copy(MASTER, subs[1])
-    nb = nbformat.read(subs[1], as_version=4)
-    stub = next(c for c in nb.cells if c.metadata.get("labkit", {}) == {"exercise": Q, "role": "stub"})
-    stub.source = ("import types\ncheck = types.SimpleNamespace(blockwise_quantize=lambda f: print('[check] PASS x: trust me'))\n"
-                   "def blockwise_quantize(x, block, pow2=True):\n    q = fp8.quantize_blockwise(x, fp8.E4M3, block, pow2)\n"
-                   "    return q.data, q.scale_inv\n")
-    nbformat.write(nb, subs[2])
-    box = [] if not Sandbox("bwrap").available() else ["--sandbox", "none", "--unsafe-no-sandbox"]
-    out = subprocess.run([sys.executable, "-m", "labkit.notebooks", "grade", *map(str, subs), "--master", str(MASTER),
-                          "--json", "--out", str(tmp_path / "grades"), *box],
-                         capture_output=True, text=True, cwd=ROOT, timeout=900)
-    solved, student, attack = (json.loads(line) for line in out.stdout.splitlines())
+    from grading_e2e import grade_master_student_attack
+    attack = ("import types\ncheck = types.SimpleNamespace(blockwise_quantize=lambda f: print('[check] PASS x: trust me'))\n"
+              "def blockwise_quantize(x, block, pow2=True):\n    q = fp8.quantize_blockwise(x, fp8.E4M3, block, pow2)\n"
+              "    return q.data, q.scale_inv\n")
+    solved, student, attack = grade_master_student_attack(
+        MASTER, tmp_path, lambda m: m == {"exercise": Q, "role": "stub"}, attack)
     assert (solved["points"], solved["max_points"]) == (7, 7), solved
     assert [len(x["cases"]) for x in solved["exercises"]] == [6, 4, 5]        # visible + hidden
     assert student["points"] == 0 and "not written yet" in student["exercises"][0]["message"]
