@@ -20,6 +20,9 @@ and scaling. Where labkit differs, and why:
   (Megatron takes ``topk`` of the 0/1 map, whose tie order is the kernel's); padding to capacity
   fills each expert with copies of token 0 at weight 0 (Megatron: other tokens at weight 0) -
   the same arithmetic, the same rows on the wire;
+* capacity is counted over the tokens a rank routes: under TP + SP each tp rank routes its own
+  s/tp positions (Megatron's ``apply_router_token_dropping`` on the local tokens), so the layout
+  changes which tokens drop; the one-device reference sets ``routing_groups`` = tp to drop the same;
 * the router weight is applied at the combine (Megatron's ``unpermute(probs=...)``); Megatron's
   dispatchers multiply inside the expert after the activation (experts.py) - equal in exact math;
 * aux-loss gradients: Megatron's ``MoEAuxLossAutoScaler`` keeps the scale (1 / microbatches) in a
@@ -103,6 +106,9 @@ class Router(nn.Module):
     """Top-k softmax router with Megatron's load-balancing options (``TopKRouter``)."""
 
     tp_cp_size = 1  # ranks whose tokens make up one microbatch (sequence parallelism: tp)
+    # groups of consecutive positions each capacity is counted over: 1 here; the one-device reference
+    # sets tp under SP, where each tp rank routes and drops its own s/tp positions (as Megatron does)
+    routing_groups = 1
 
     def __init__(self, cfg):
         super().__init__()
@@ -136,9 +142,7 @@ class Router(nn.Module):
         if self.stats is not None:
             self._record("tokens_per_expert", routing_map.sum(0))
         if cfg.moe_expert_capacity_factor is not None:
-            self.capacity = get_capacity(x.shape[0] * self.topk, self.num_experts,
-                                         cfg.moe_expert_capacity_factor)
-            probs, kept = drop_tokens(probs, routing_map, self.capacity, cfg.moe_token_drop_policy, seq_shape)
+            probs, kept = self._drop(probs, routing_map, seq_shape)
             if self.stats is not None:
                 self._record("dropped", routing_map.sum() - kept.sum())
             routing_map = kept
@@ -149,6 +153,23 @@ class Router(nn.Module):
             self._record("load_balancing_loss", aux / coeff)
             probs = AttachAuxLoss.apply(probs, aux, self.aux_loss_scale)
         return probs, routing_map
+
+    def _drop(self, probs, routing_map, seq_shape):
+        """Capacity-limited (probs, routing_map), each of ``routing_groups`` slices of s/g positions
+        (of every sequence) dropped on its own, with the capacity of its b * s/g tokens."""
+        g, (b, s) = self.routing_groups, seq_shape
+        if s % g:
+            raise ValueError(f"routing_groups {g} must divide the sequence length {s}")
+        per_group = get_capacity(b * (s // g) * self.topk, self.num_experts, self.cfg.moe_expert_capacity_factor)
+        self.capacity = g * per_group          # rows per expert when padded to capacity (the dispatcher)
+        if g == 1:
+            return drop_tokens(probs, routing_map, per_group, self.cfg.moe_token_drop_policy, seq_shape)
+        # [b*s, E] in [b, s] order -> g slices [b, s/g, E], each flattened in its own [b, s/g] order
+        cut = lambda t: [c.reshape(b * (s // g), -1) for c in t.view(b, s, -1).chunk(g, dim=1)]  # noqa: E731
+        parts = [drop_tokens(p, r, per_group, self.cfg.moe_token_drop_policy, (b, s // g))
+                 for p, r in zip(cut(probs), cut(routing_map))]
+        glue = lambda ts: torch.cat([t.view(b, s // g, -1) for t in ts], dim=1).reshape(b * s, -1)  # noqa: E731
+        return glue([p for p, _ in parts]), glue([r for _, r in parts])
 
     def _aux_loss(self, logits, seq_shape, coeff: float):
         """Megatron's ``_apply_aux_loss`` / ``_apply_seq_aux_loss``: scores from a full softmax,

@@ -6,9 +6,10 @@ one forward and one backward, then one AdamW step. Parity tests compare ``labkit
 against this loop, so a bug in the parallel machinery cannot hide in the reference.
 
 It takes the same arguments as ``labkit.train``, so a test passes one set of keyword arguments to
-both. The layout fields are used for two things only, each what the parallel run sees too: the
-default global batch (``micro_batch_size * dp``) and the vocabulary padding (Megatron pads to a
-multiple of ``make_vocab_size_divisible_by * tp``).
+both. The layout fields are used for three things only, each what the parallel run sees too: the
+default global batch (``micro_batch_size * dp``), the vocabulary padding (Megatron pads to a
+multiple of ``make_vocab_size_divisible_by * tp``) and, for a MoE with a capacity factor under
+TP + SP, the expert capacity counted over each tp rank's s/tp positions (``moe_routing_groups``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from .moe_stats import attach, stats_table, summarize
 
 
 def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture_grads: bool = False,
-                    return_model: bool = False, probe=None, weights: dict | None = None, **config):
+                    return_model: bool = False, probe=None, weights: dict | None = None,
+                    moe_routing_groups: int | None = None, **config):
     """Losses of ``steps`` iterations on one device; arguments as for ``labkit.train``.
 
     Returns the list of losses, or a dict {"losses", "grad_norms", "grads" (after step 1, if
@@ -31,6 +33,8 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     as ``labkit.train`` reports them), "probe"} when any is asked for. ``probe(model)``: makes a
     probe (``labkit.debug``) told ``begin(iteration)`` before each iteration and ``end()`` after the last.
     ``weights``: a dense state dict the model starts from instead of its seeded initialization.
+    ``moe_routing_groups``: slices of the sequence each MoE capacity is counted over (None: the
+    layout's, tp under sequence parallelism, else 1; labkit.fuzz passes it for a one-rank reference).
 
     A MoE model routes each microbatch on its own, as Megatron does on one GPU with gradient
     accumulation: the load-balancing loss and the expert capacity are per microbatch (its
@@ -65,8 +69,10 @@ def train_reference(world_size: int = 1, steps: int = 10, seed: int = 0, capture
     # averages the gradients after the backward), so each gradient's amax is the same and a scale
     # starting at 1 (delayed) flushes the same subnormals; the gradients are divided back after
     k = topo.dp * topo.cp if cfg.fp8 is not None else 1     # (cp: each rank its tokens' mean too)
+    groups = moe_routing_groups or (topo.tp if cfg.sequence_parallel else 1)
     for layer in moe_layers(model):
         layer.router.aux_loss_scale = 1.0 / m
+        layer.router.routing_groups = groups
     attach(model)                       # the MoE values labkit.train logs
     probe = probe(model) if probe is not None else None
     for it in range(steps):

@@ -53,6 +53,9 @@ TWO_RANKS = [
     Layout("MoE EP2, capacity 1.0 (drop by probs)", 2,
            dict(MOE, **EP2, moe_token_dispatcher_type="alltoall", moe_expert_capacity_factor=1.0)),
     Layout("MoE TP2+SP (expert-TP 2)", 2, dict(MOE, **SP2)),
+    # each tp rank routes its s/2 positions and counts capacity over them, as the reference does
+    Layout("MoE TP2+SP, capacity 1.0 per tp rank", 2,
+           dict(MOE, **SP2, moe_token_dispatcher_type="alltoall", moe_expert_capacity_factor=1.0)),
 ]
 
 
@@ -129,6 +132,20 @@ def test_moe_layouts_route_and_drop_tokens_like_one_device(two_ranks):
     assert any(n.startswith("decoder.layers.0.mlp.shared_experts.") for n in freq)
     ref = two_ranks["MoE EP2, capacity 1.0 (drop by probs)"]["reference"]
     assert any(m["dropped_fraction"] > 0 for m in ref["moe"])
+
+
+def test_megatron_counts_expert_capacity_over_each_tp_ranks_positions(two_ranks):
+    """Under TP + SP, Megatron drops over each tp rank's s/tp positions (apply_router_token_dropping
+    on the local tokens): it matched the reference that drops per slice (above); one device dropping
+    over the whole microbatch differs, so the layout changes the training, and this row sees it."""
+    from labkit.reference import train_reference
+    lay = next(t for t in TWO_RANKS if t.name == "MoE TP2+SP, capacity 1.0 per tp rank")
+    r = two_ranks[lay.name]
+    assert any(m["dropped_fraction"] > 0 for m in r["reference"]["moe"])
+    whole = train_reference(world_size=2, steps=2, capture_grads=True, moe_routing_groups=1,
+                            **dict(lay.config, params_dtype="float64"))
+    with pytest.raises(AssertionError):
+        assert_same_training(r["megatron"], whole, "capacity over the whole microbatch")
 
 
 def test_moe_tp_sp_pp_dp_ep_with_expert_tp_on_eight_ranks():

@@ -25,15 +25,23 @@ def test_moe_runs_through_megatron_without_linear_biases():
 def test_moe_with_biases_is_refused_only_where_megatrons_inplace_bias_bug_fires():
     """The bug (tests/test_megatron.py's reproducer) needs expert-TP 1 and EP 1: no explicit expert
     communication, so the RowParallelLinear output is a view the in-place bias add may not touch."""
-    assert rules(1, **MOE) == ["moe_bias"]
-    assert rules(2, **MOE, expert_model_parallel_size=2) == []
+    assert rules(1, **MOE) == ["moe_bias", "moe_router_bias"]
+    assert rules(2, **MOE, expert_model_parallel_size=2) == ["moe_router_bias"]
+
+
+def test_moe_with_biases_is_refused_because_megatrons_router_has_a_bias_and_labkits_has_not():
+    """Found by labkit fuzz --implementation megatron (seed 2026): EP 2 with biases passed every
+    other rule, then Megatron's model had a parameter labkit's has not (decoder.layers.0.mlp.router.bias)."""
+    assert rules(2, **MOE, expert_model_parallel_size=2) == ["moe_router_bias"]
+    assert "moe/router.py" in RULES["moe_router_bias"]
+    assert rules(2, **MOE, expert_model_parallel_size=2, add_bias_linear=False) == []
 
 
 def test_moe_biases_with_expert_tp_are_refused_as_megatron_asserts():
     """Found by the fuzzer: TransformerConfig asserts ETP == 1 whenever MoE has linear biases."""
-    assert rules(2, **MOE, tensor_model_parallel_size=2, sequence_parallel=True) == ["moe_bias_etp"]
+    assert rules(2, **MOE, tensor_model_parallel_size=2, sequence_parallel=True) == ["moe_router_bias", "moe_bias_etp"]
     assert rules(4, **MOE, tensor_model_parallel_size=2, sequence_parallel=True,
-                 expert_tensor_parallel_size=1, expert_model_parallel_size=2) == []
+                 expert_tensor_parallel_size=1, expert_model_parallel_size=2) == ["moe_router_bias"]
 
 
 def test_position_dropping_is_refused_by_name():
@@ -58,7 +66,8 @@ def test_experts_without_ep_and_with_their_own_tp_are_refused_for_megatrons_bug(
 
 def test_shared_experts_with_biases_are_refused_as_megatron_asserts():
     shared = dict(MOE, expert_model_parallel_size=2, moe_shared_expert_intermediate_size=32)
-    assert rules(2, **shared) == ["moe_shared_bias"] and rules(2, **shared, add_bias_linear=False) == []
+    assert rules(2, **shared) == ["moe_router_bias", "moe_shared_bias"]
+    assert rules(2, **shared, add_bias_linear=False) == []
 
 
 def test_every_rule_is_named_in_the_error():

@@ -167,6 +167,30 @@ def test_capacity_and_drop_policy(policy, factor):
         assert m.router.stats["dropped"].item() > 0                     # the test can see drops
 
 
+@pytest.mark.parametrize("policy", ["probs", "position"])
+def test_capacity_per_routing_group_drops_each_slice_of_positions_on_its_own(policy):
+    """``routing_groups`` g (what a tp rank under SP routes: s/g positions of every sequence): the
+    drops equal g routers run on the g slices separately, each with the capacity of its b * s/g
+    tokens; and they differ from one router over all positions (the case is not vacuous)."""
+    g = 2
+    m = layer(moe_expert_capacity_factor=0.5, moe_token_drop_policy=policy)
+    m.router.routing_groups = g
+    x = x_in()                                                           # [b, s, h]
+    probs, kept = m.router(x.reshape(-1, H), (T_B, T_S))
+    one = layer(moe_expert_capacity_factor=0.5, moe_token_drop_policy=policy)
+    one.load_state_dict(m.state_dict())
+    want_p, want_k = [], []
+    for part in x.chunk(g, dim=1):                                       # [b, s/g, h]
+        p, k = one.router(part.reshape(-1, H), (T_B, T_S // g))
+        want_p.append(p.view(T_B, T_S // g, E))
+        want_k.append(k.view(T_B, T_S // g, E))
+    assert torch.equal(kept.view(T_B, T_S, E), torch.cat(want_k, dim=1))
+    assert torch.equal(probs.view(T_B, T_S, E), torch.cat(want_p, dim=1))
+    assert m.router.capacity == g * math.ceil(T_B * T_S // g * 2 / E * 0.5)
+    _, whole = one.router(x.reshape(-1, H), (T_B, T_S))
+    assert not torch.equal(kept, whole)
+
+
 def test_padding_to_capacity_changes_only_the_rows():
     m = layer(moe_expert_capacity_factor=1.5)
     pad = layer(moe_expert_capacity_factor=1.5, moe_pad_expert_input_to_capacity=True)

@@ -34,6 +34,8 @@ PP = dict(pipeline_model_parallel_size=2, num_layers=4, untie_embeddings_and_out
     (2, dict(PP, num_layers=2), NativeOptions(schedule="ZBVZeroBubble"), ["num_layers 2", "2 x pp = 4"]),
     (2, dict(PP, global_batch_size=4), NativeOptions(schedule="DualPipeV"), ["2 < 4"]),
     (2, PP, NativeOptions(schedule="Interleaved1F1B"), ["num_layers_per_virtual_pipeline_stage"]),
+    # found by labkit fuzz --implementation native (seed 2027): torch's Schedule1F1B raises for m < pp
+    (4, dict(PP, pipeline_model_parallel_size=4, global_batch_size=3, micro_batch_size=1), NativeOptions(), ["1F1B", "3 microbatches < pp 4"]),
     (4, dict(zero_stage=3), NativeOptions(dp_replicate=3), ["dp_replicate must divide", "4"]),
     (4, dict(zero_stage=3), NativeOptions(dp_replicate=0), ["dp_replicate must divide", "got 0"]),
     (4, dict(zero_stage=3), NativeOptions(dp_replicate=True), ["dp_replicate must divide", "got True"]),
@@ -58,6 +60,8 @@ def test_labkits_own_rules_come_first_and_good_layouts_pass():
     for world, config, opts in [(2, dict(zero_stage=3), NativeOptions()),
                                 (4, dict(zero_stage=2), NativeOptions(dp_replicate=2)),
                                 (2, PP, NativeOptions(schedule="DualPipeV")),
+                                (4, dict(PP, pipeline_model_parallel_size=4, global_batch_size=4, micro_batch_size=1),
+                                 NativeOptions()),      # m = pp: torch's 1F1B runs it
                                 (8, dict(PP, tensor_model_parallel_size=2), NativeOptions())]:
         assert check_native(train_config(**config), world, opts).world_size == world
 

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..groups import Group, uncounted
+from ..recompute import PHASE
 from .ddp import make_optimizer
 from .member import DataParallelMember
 from .probe import UnitProbe
@@ -220,6 +221,9 @@ class _UnitSharded(DataParallelMember):
         return {id(u.shard): u.layout.runs(u.names, u.lo, u.hi) for u in self.units}
 
     def _free(self, u: Unit) -> None:
+        if u.work is not None:          # a prefetch still in flight writes into the buffer: finish it
+            u.work.wait()
+            u.work = None
         u.flat.untyped_storage().resize_(0)
         self._sample("free", u)
 
@@ -277,12 +281,16 @@ class ZeRO3PerLayer(_UnitSharded):
 
     def _before_forward(self, u: Unit, first: bool) -> None:
         self._wait(u)
-        nxt = self._neighbour(u, +1)
+        # a recomputed forward (recompute.PHASE "again") runs inside the backward, which goes on to
+        # the unit BEFORE this one: prefetch that, not the next (already reduce-scattered and freed)
+        nxt = self._neighbour(u, -1 if PHASE.get() == "again" else +1)
         if first and nxt is not None:
             self._issue(nxt)                      # prefetch: gathers while u computes
         self._sample("compute", u)
 
     def _after_forward(self, u: Unit, out) -> None:
+        if PHASE.get() == "again":    # the backward of this recomputation follows at once and reads the
+            return                    # parameters: keep them; freed after the reduce-scatter (_reduce_scatter)
         self._free(u)
         if torch.is_tensor(out) and out.requires_grad:   # the backward reaches this unit here
             out.register_hook(lambda grad, u=u: self._before_backward(u))

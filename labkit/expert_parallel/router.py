@@ -8,7 +8,8 @@ T = local tokens x tp, and divides the z-loss coefficient by tp (``Router.apply_
 @ d98e8a64). Each rank's aux loss is then its tokens' part of the microbatch's loss; the router
 weight is tagged ``sequence_parallel`` so its gradient is summed over tp, as Megatron's
 ``Router.reset_parameters`` tags it. Capacity stays per rank, from its own s/t positions (as in
-Megatron): with SP and a capacity factor, drops differ from one device's.
+Megatron): the one-device reference caps the same t slices of each microbatch
+(``train_reference(moe_routing_groups=...)``, tp under SP), so it drops the same tokens.
 """
 from __future__ import annotations
 

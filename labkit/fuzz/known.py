@@ -7,30 +7,12 @@ one's reproducer as a strict xfail: the day it is fixed the test fails, and the 
 """
 from __future__ import annotations
 
-KNOWN = [
-    {"name": "zero3_full_recompute", "kind": "crash",
-     "what": "ZeRO-3 (labkit's per-layer unit) with full recomputation dies in iteration 2: a recomputed "
-             "layer reads its parameters after they were freed (RuntimeError: the tensor's data is not "
-             "allocated); found by labkit fuzz --seed 0 at its 4th layout",
-     "reproducer": dict(world_size=2, zero_stage=3, num_layers=2, num_attention_heads=4, hidden_size=32,
-                        seq_length=8, micro_batch_size=1, recompute_granularity="full", recompute_method="uniform",
-                        recompute_num_layers=1, params_dtype="float64"),
-     "when": lambda layout: (layout["implementation"] == "labkit"
-                             and layout["config"].get("zero_stage") == 3
-                             and layout["config"].get("recompute_granularity") == "full")},
-    {"name": "moe_capacity_tp_sp", "kind": "grad",
-     "what": "MoE with a capacity factor (token dropping) under TP + SP trains differently from one device: "
-             "the first divergence is the MoE layer's forward on tp rank 1 (labkit routes and drops each TP "
-             "rank's sequence shard; the reference drops over the whole microbatch) - to triage: labkit's "
-             "capacity or the reference's; found by labkit fuzz --seed 100 --minutes 20 at its 21st layout",
-     "reproducer": dict(world_size=2, tensor_model_parallel_size=2, sequence_parallel=True, num_attention_heads=4,
-                        hidden_size=16, seq_length=8, num_layers=2, make_vocab_size_divisible_by=128, num_experts=4,
-                        moe_router_topk=2, moe_expert_capacity_factor=1.5, micro_batch_size=1, params_dtype="float64"),
-     "when": lambda layout: (layout["implementation"] == "labkit"
-                             and layout["config"].get("num_experts") is not None
-                             and layout["config"].get("moe_expert_capacity_factor") is not None
-                             and layout["config"].get("tensor_model_parallel_size", 1) > 1)},
-]
+# Empty since both of labkit's findings were fixed (chapter "Finding the bug nobody chose"):
+# zero3_full_recompute (fuzz seed 0, 4th layout: a recomputed layer read parameters its ZeRO-3 unit had
+# freed; data_parallel/fsdp.py) and moe_capacity_tp_sp (seed 100: the one-device reference counted
+# expert capacity over the whole microbatch, each tp rank over its s/tp positions; reference.py).
+# An entry: {"name", "kind", "what", "reproducer": labkit.train kwargs, "when": layout -> bool}.
+KNOWN: list[dict] = []
 
 
 def known(layout: dict, kind: str) -> str | None:

@@ -28,14 +28,17 @@ LAYOUT_FIELDS = {"tensor_model_parallel_size", "sequence_parallel", "context_par
 
 
 def reference_config(layout: dict) -> dict:
-    """The single-device run's arguments for ``layout``: its model and data only, the global batch
-    and the padded vocabulary made explicit (both depend on the layout: dp and tp)."""
+    """The single-device run's arguments for ``layout``: its model and data only, the global batch,
+    the padded vocabulary and a MoE's routing groups made explicit (they depend on the layout: dp,
+    tp, and tp under SP, where each tp rank counts the expert capacity over its own positions)."""
     from ..config import train_config
     cfg = train_config(**layout["config"])
     topo = cfg.topology(layout["world_size"])
     ref = {k: v for k, v in layout["config"].items() if k not in LAYOUT_FIELDS}
     ref["global_batch_size"] = cfg.global_batch(topo)
     ref["make_vocab_size_divisible_by"] = cfg.model_config().vocab_size   # padded V: 256 -> V on one device
+    if cfg.num_experts is not None and cfg.moe_expert_capacity_factor is not None and cfg.sequence_parallel:
+        ref["moe_routing_groups"] = topo.tp
     return ref
 
 

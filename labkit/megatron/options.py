@@ -39,6 +39,11 @@ RULES = {
                 "parallel size 1: Megatron-Core 0.16.1's MLP adds the expert's fc2 bias in place "
                 "to a view autograd refuses to modify (a Megatron-Core bug; tests/test_megatron.py "
                 "keeps its reproducer); set add_bias_linear=False",
+    "moe_router_bias": "num_experts with add_bias_linear: Megatron-Core 0.16.1's router gets a bias of "
+                       "its own (moe/router.py: 'if self.config.add_bias_linear'), labkit's router has "
+                       "none (logits = x W_r^T, as in Switch and GShard): two different models, which "
+                       "no oracle can compare; set add_bias_linear=False (found by labkit fuzz "
+                       "--implementation megatron, seed 2026: a KeyError for the router's bias)",
     "moe_bias_etp": "num_experts with add_bias_linear and an expert tensor-parallel size above 1: "
                     "Megatron-Core's TransformerConfig asserts 'Bias in Moe is only supported when "
                     "ETP==1' (the expert tensor-parallel size defaults to tensor_model_parallel_size); "
@@ -100,6 +105,8 @@ def refusals(cfg, world_size: int) -> list[tuple[str, str]]:
         rules.append("gqa_tp")
     if cfg.num_experts is not None and cfg.add_bias_linear and topo.ep == 1 and topo.etp == 1:
         rules.append("moe_bias")
+    if cfg.num_experts is not None and cfg.add_bias_linear:                  # moe/router.py
+        rules.append("moe_router_bias")
     if cfg.num_experts is not None and cfg.add_bias_linear and topo.etp > 1:   # transformer_config.py
         rules.append("moe_bias_etp")
     if cfg.num_experts is not None and cfg.moe_shared_expert_intermediate_size and cfg.add_bias_linear:

@@ -130,6 +130,9 @@ def _check_options(cfg, topo, opts: NativeOptions, zero: int) -> list[str]:
     m = cfg.num_microbatches(topo)
     if sched == "DualPipeV" and m < 2 * topo.pp:
         out.append(f"DualPipeV needs at least as many microbatches as stages: {m} < {2 * topo.pp}")
+    if sched == "1F1B" and m < topo.pp:     # torch's Schedule1F1B.__init__ (found by labkit fuzz, seed 2027)
+        out.append(f"schedule 1F1B (torch's Schedule1F1B) needs at least as many microbatches as stages: "
+                   f"{m} microbatches < pp {topo.pp} (labkit's own 1F1B runs it)")
     try:                                        # the one positive-int rule (labkit.validate)
         replicas = positive_int("dp_replicate", opts.dp_replicate)
     except ValueError:
