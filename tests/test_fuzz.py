@@ -151,6 +151,19 @@ FIXED = {
 }
 
 
+def test_a_time_budget_draws_a_new_pool_when_the_first_is_judged():
+    """A fast machine judged a 60-minute run's whole pool (1,200 layouts) in 45 minutes and stopped:
+    with ``minutes`` the pools continue (seed + 1,000,003 k), with a count there is one pool."""
+    from itertools import islice
+
+    from labkit.fuzz.run import _pools
+    first, second = draw_layouts(0, 100), draw_layouts(1_000_003, 100)
+    assert list(islice(_pools(0, None, 1.0, ("labkit",), 8), 150)) == first + second[:50]
+    assert list(_pools(0, 40, 5.0, ("labkit",), 8)) == draw_layouts(0, 40)
+    with pytest.raises(ValueError, match="budget"):
+        fuzz(seed=0, layouts=None, minutes=None)
+
+
 def test_a_finding_filed_in_known_is_reported_as_known_not_new(monkeypatch):
     from labkit.fuzz import known
     from labkit.fuzz.run import Outcome, _classify

@@ -174,17 +174,11 @@ def fuzz(seed: int = 0, layouts: int | None = 40, minutes: float | None = None, 
     and report each finding (one per kind of problem). ``log(line)``: progress (print)."""
     from .report import make_finding
     from .shrink import shrink as shrink_layout
+    if layouts is None and minutes is None:
+        raise ValueError("fuzz needs a budget: layouts=N or minutes=M")
     t0, runner = time.perf_counter(), Runner(steps, bug)
-    # one draw of the whole pool (Hypothesis's stream is not prefix-stable across example counts)
-    # with a time budget: several times the layouts per minute this machine runs (Megatron's: ~6)
-    mg = "megatron" in implementations
-    count = layouts if layouts is not None else max(100, int((6 if mg else 20) * minutes))
-    # Megatron refuses what it cannot run on the CPU (CP, dropout, recompute, ...: megatron/options.py):
-    # draw 4 times as many and keep those it accepts (about 1 in 3), so its budget goes to runs
-    wide = 4 if mg else 1
-    pool = [lay for lay in draw_layouts(seed, count * wide, implementations, max_world) if megatron_runs(lay)][:count]
     outcomes, findings, seen = [], [], set()
-    for layout in pool:
+    for layout in _pools(seed, layouts, minutes, implementations, max_world):
         if minutes is not None and time.perf_counter() - t0 > 60 * minutes:
             break
         o = runner(layout)
@@ -199,6 +193,22 @@ def fuzz(seed: int = 0, layouts: int | None = 40, minutes: float | None = None, 
             if stop_at_first:
                 break
     return FuzzResult(seed, outcomes, findings, time.perf_counter() - t0)
+
+
+def _pools(seed: int, layouts: int | None, minutes: float | None, implementations, max_world: int):
+    """The layouts to judge, in order: one pool drawn whole (Hypothesis's stream is not prefix-stable
+    across example counts, so a pool is fixed by (seed, size)). With a time budget the pool holds
+    several times the layouts per minute this machine runs (Megatron's: ~6), and when a fast machine
+    has judged it all before the time is up, the next pool is drawn from seed + 1,000,003 k (k = 1,
+    2, ...): a run with ``minutes`` (and ``layouts`` None) runs for that long."""
+    mg = "megatron" in implementations
+    count = layouts if layouts is not None else max(100, int((6 if mg else 20) * minutes))
+    # Megatron refuses what it cannot run on the CPU (CP, dropout, recompute, ...: megatron/options.py):
+    # draw 4 times as many and keep those it accepts (about 1 in 3), so its budget goes to runs
+    wide = 4 if mg else 1
+    for k in range(10 ** 6 if layouts is None else 1):     # a count given: one pool, that many
+        pool = draw_layouts(seed + 1_000_003 * k, count * wide, implementations, max_world)
+        yield from [lay for lay in pool if megatron_runs(lay)][:count]
 
 
 def replay(path: str, steps: int | None = None):
