@@ -91,6 +91,7 @@ QUICK = (
 GRADING = (
     "tests/test_check_new_labs.py::test_memory_knobs_lab_graded_master_full_student_zero_attack_zero",
     "tests/test_fp8_lab.py::test_fp8_lab_graded_master_full_student_zero_attack_zero",
+    "tests/test_roofline_lab.py::test_roofline_lab_graded_master_full_student_zero_attack_zero",
     "tests/test_check_new_labs.py::test_recompute_core_graded_in_isolation_hidden_world_size_and_its_ban",
     "tests/test_check_new_labs.py::test_debugging_specs_read_the_seed_and_judge_hidden_shapes",
     "tests/test_check_isolation.py::test_every_attack_fails_its_exercise_when_graded",

@@ -26,7 +26,7 @@ Rules every check follows (issues 13 and 23 of the course):
 One module per lab (collectives.py, data_parallel.py and zero.py, tensor_parallel.py and
 tp_blocks.py, sequence_parallel.py, pipeline.py and pipeline_loop.py, context_parallel.py,
 expert_parallel.py, composition.py and capstone.py, memory_knobs.py, debugging.py,
-native.py, fp8.py and fp8_delayed.py); :mod:`labkit.check.example` is the smallest
+native.py, fp8.py and fp8_delayed.py, roofline.py); :mod:`labkit.check.example` is the smallest
 lab, for instructors; :mod:`labkit.check.runner` runs one exercise in the grader's sandbox.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ MODULES = ("labkit.check.example", "labkit.check.collectives", "labkit.check.dat
            "labkit.check.tensor_parallel", "labkit.check.sequence_parallel", "labkit.check.pipeline",
            "labkit.check.context_parallel", "labkit.check.expert_parallel", "labkit.check.composition",
            "labkit.check.memory_knobs", "labkit.check.debugging", "labkit.check.resume", "labkit.check.native",
-           "labkit.check.fuzzing", "labkit.check.fp8")
+           "labkit.check.fuzzing", "labkit.check.fp8", "labkit.check.roofline")
 
 # lab (the master's name without .ipynb) -> its check module, for the labs graded in-process
 IN_PROCESS: dict = {}
