@@ -38,6 +38,25 @@ from .modules import Dropout
 PHASE: ContextVar[str | None] = ContextVar("labkit_recompute_phase", default=None)
 
 
+# What the backward running now asks for. A zero-bubble schedule (ZB-H1) splits a backward in two:
+# B computes the input gradient only (``torch.autograd.backward(..., inputs=[x])``), W the weight
+# gradients. A recomputed region runs its own inner backward, which would otherwise add its weights'
+# gradients in B and again in W (twice the true gradient); under "inputs" it computes only the
+# gradients of its inputs, so its weights get theirs once, in W. A module global, not a ContextVar:
+# on CUDA the autograd engine calls the backward from its own device thread.
+GRADS_FOR = {"now": None}       # None: every gradient; "inputs": the region's inputs' only
+
+
+@contextmanager
+def grads_for(what: str | None):
+    """Within the block, recomputed regions' backwards compute ``what`` ("inputs" or None: all)."""
+    before, GRADS_FOR["now"] = GRADS_FOR["now"], what
+    try:
+        yield
+    finally:
+        GRADS_FOR["now"] = before
+
+
 @contextmanager
 def _phase(name: str):
     token = PHASE.set(name)
@@ -88,7 +107,12 @@ class CheckpointFunction(torch.autograd.Function):
         _set(ctx.generators, now)                            # as if nothing had been drawn again
         outs = out if isinstance(out, tuple) else (out,)
         pairs = [(o, g) for o, g in zip(outs, grads) if torch.is_tensor(o) and o.requires_grad]
-        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        if GRADS_FOR["now"] == "inputs":    # B of a zero-bubble schedule: the weights wait for W
+            wanted = [a for a in args if torch.is_tensor(a) and a.requires_grad]
+            if wanted and pairs:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs], inputs=wanted)
+        else:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         return (None, None, None, *[a.grad if torch.is_tensor(a) and a.requires_grad else None for a in args])
 
 

@@ -85,7 +85,7 @@ QUICK = (
 # The grading slice: real labs graded end to end through the grader's command line, in its sandbox
 # (bubblewrap), submission by submission and attack by attack. Its own step of .ci/run
 # (LABKIT_GRADING=1 pytest -m grading), like the browser, Slurm and fuzz slices; in the main suite
-# these are skipped, with that reason: they are 14 tests and about 450 s of CPU of the suite's
+# these are skipped, with that reason: they are 15 tests and about 480 s of CPU of the suite's
 # ~2,300 (2-core machine, 2026-11-28), and the grader's units stay in it (test_grader.py and the
 # check tests grade the fixture lab and each Spec in fresh processes).
 GRADING = (

@@ -123,13 +123,14 @@ def test_a_seeded_fuzz_of_clean_labkit_finds_nothing_new():
     assert c.get("ok", 0) >= 3, c
 
 
-# The fuzzer's two findings in labkit, fixed: each shrunk reproducer, and the layouts around it,
+# The fuzzer's findings in labkit, fixed: each shrunk reproducer, and the layouts around it,
 # with more than one microbatch per rank, judged by the fuzzer's own oracle (two iterations: losses,
 # every gradient, and the bytes against labkit.calc)
 SMALL = dict(num_attention_heads=4, hidden_size=32, seq_length=8, micro_batch_size=1, params_dtype="float64")
 Z3 = dict(SMALL, zero_stage=3, recompute_granularity="full")
 CAP = dict(SMALL, hidden_size=16, num_layers=2, make_vocab_size_divisible_by=128, num_experts=4, moe_router_topk=2,
            tensor_model_parallel_size=2, sequence_parallel=True)
+ZB = dict(SMALL, hidden_size=16, seq_length=16, num_layers=2, pipeline_model_parallel_size=2, pipeline_schedule="zb_h1")
 FIXED = {
     # a recomputed layer read parameters its ZeRO-3 unit had freed (fixed in data_parallel/fsdp.py)
     "zero3 full uniform, 2 microbatches": (2, dict(Z3, num_layers=2, recompute_method="uniform",
@@ -148,6 +149,16 @@ FIXED = {
     "moe capacity 1.0 TP2+SP x EP2 all-to-all": (4, dict(CAP, moe_expert_capacity_factor=1.0, global_batch_size=4,
                                                          expert_model_parallel_size=2,
                                                          moe_token_dispatcher_type="alltoall")),
+    # ZB-H1 with recompute (seed 1,002,030): a recomputed region's inner backward added its weights'
+    # gradients in B and again in W; now B asks for input gradients only (recompute.grads_for)
+    "zb_h1 selective layernorm (the reproducer)": (2, dict(ZB, recompute_granularity="selective",
+                                                           recompute_modules=("layernorm",))),
+    "zb_h1 full uniform, 4 layers, 4 microbatches": (2, dict(ZB, num_layers=4, global_batch_size=4,
+                                                             recompute_granularity="full", recompute_method="uniform",
+                                                             recompute_num_layers=1)),
+    "zb_h1 selective mlp + layernorm, dropout, 3 microbatches": (2, dict(ZB, global_batch_size=3, hidden_dropout=0.1,
+                                                                         recompute_granularity="selective",
+                                                                         recompute_modules=("mlp", "layernorm"))),
 }
 
 

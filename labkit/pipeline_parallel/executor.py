@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .. import comm
+from .. import comm, recompute
 from ..groups import Group
 from . import schedules
 from .p2p_plan import Message, plan
@@ -127,10 +127,16 @@ class _Rank:
         start = tick()
         with dp.grad_sync_context(last) if dp is not None else contextlib.nullcontext():
             if a.kind == "B" and self.uses_w:               # input gradient only, keep the graph
-                if s > 0:
-                    torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
+                if s > 0:                                   # (recomputed regions too: grads_for)
+                    with recompute.grads_for("inputs"):
+                        torch.autograd.backward(out, grad, inputs=[x], retain_graph=True)
             elif a.kind == "W":                             # weight gradients (a tied output layer's too)
-                torch.autograd.backward(out, grad, inputs=self.chunks[c].used_parameters())
+                # x too: a recomputed region fed by x alone hides its weights from this graph, and
+                # only a path to an input makes autograd run it; B's x.grad was handed off already
+                wanted = self.chunks[c].used_parameters() + ([x] if s > 0 else [])
+                x.grad = None
+                torch.autograd.backward(out, grad, inputs=wanted)
+                x.grad = None
             else:                                           # whole backward at once
                 torch.autograd.backward(out, grad)
         if a.kind == "B" and s > 0:
