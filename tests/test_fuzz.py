@@ -175,6 +175,19 @@ def test_a_time_budget_draws_a_new_pool_when_the_first_is_judged():
         fuzz(seed=0, layouts=None, minutes=None)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("LABKIT_FUZZ"), reason="the fuzz step of .ci/run runs it (LABKIT_FUZZ=1)")
+def test_megatron_layouts_with_the_distributed_optimizer_are_not_drawn():
+    """The oracle judges gradients; Megatron's distributed optimizer keeps only each rank's shard of
+    them (tests/test_megatron.py judges it by the parameters). Without this, seed 1,002,029 reported
+    every gradient missing, at its 234th layout."""
+    from labkit.fuzz.run import _pools, megatron_runs
+    judged = lambda lay: lay["config"].get("use_distributed_optimizer") and refusal(lay) is None  # noqa: E731
+    drawn = [lay for lay in draw_layouts(0, 240, ("megatron",), 8) if judged(lay)]
+    assert drawn and not any(megatron_runs(lay) for lay in drawn)
+    assert not any(judged(lay) for lay in _pools(0, 60, None, ("megatron",), 8))   # its 240 draws, filtered
+
+
 def test_a_finding_filed_in_known_is_reported_as_known_not_new(monkeypatch):
     from labkit.fuzz import known
     from labkit.fuzz.run import Outcome, _classify
