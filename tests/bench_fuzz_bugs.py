@@ -42,6 +42,19 @@ def median_text(found: list, budget: int) -> str:
     return f"> {budget}" if m > budget else f"{m:g}"
 
 
+def provenance(argv) -> dict:
+    """Where and how the figures were made (the counts do not depend on the machine; the seconds do)."""
+    import platform
+    import subprocess
+
+    import torch
+    root = Path(__file__).resolve().parents[1]
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    return {"command": "python tests/bench_fuzz_bugs.py " + " ".join(argv or sys.argv[1:]), "labkit_commit": commit,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, torch {torch.__version__}, gloo"}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="0-4")
@@ -53,7 +66,7 @@ def main(argv=None) -> int:
     record = json.loads(out.read_text()) if out.exists() else {}
     if record.get("budget", args.budget) != args.budget:
         record = {}
-    record.update(budget=args.budget, runs=record.get("runs", {}))
+    record.update(budget=args.budget, runs=record.get("runs", {}), provenance=record.get("provenance") or provenance(argv))
     for name in args.bugs.split(","):
         for seed in seeds_of(args.seeds):
             key = f"{name}/{seed}"

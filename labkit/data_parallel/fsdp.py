@@ -1,10 +1,9 @@
 """ZeRO-2 and ZeRO-3 by units: a unit per transformer layer, as Megatron-FSDP and FSDP2 shard a model.
 
 Chapter "Memory knobs" (Rajbhandari et al. 2020, ZeRO; Zhao et al. 2023, PyTorch FSDP,
-https://arxiv.org/abs/2304.11277). The parameters of a model chunk are cut into units: the
-embedding, each transformer layer, the head (final norm and output layer). Each unit has its own
-flat buffer, padded to a multiple of dp; dp rank r owns chunk r of every unit (Megatron's
-per-bucket layout).
+https://arxiv.org/abs/2304.11277). A model chunk is cut into units: the embedding, each layer, the
+head (final norm, output layer), each a flat buffer padded to a multiple of dp; dp rank r owns
+chunk r of every unit (Megatron's per-bucket layout).
 
 ZeRO-3 (:class:`ZeRO3PerLayer`): a unit's parameters exist only as this rank's shard, except
     forward   its all-gather is waited for just before the unit computes, the NEXT unit's gather
@@ -14,17 +13,18 @@ ZeRO-3 (:class:`ZeRO3PerLayer`): a unit's parameters exist only as this rank's s
     backward  gathered again when the gradient reaches its output (prefetching the unit before it),
               its gradients reduce-scattered as soon as they are all there (during the backward),
               and freed: at any moment a rank holds its shards, about two gathered units, and the
-              reduce-scatter of one unit's gradients.
+              reduce-scatter of one unit's gradients. A recomputed forward (activation
+              recomputation) runs inside the backward: it keeps its unit for the backward that
+              follows and prefetches the unit before it.
 ZeRO-2 (:class:`ZeRO2Bucketed`): the parameters stay whole; each unit is a gradient bucket,
     reduce-scattered during the backward as soon as its gradients are complete, so no full
     gradient of the model exists at once. After the step each unit's shards are all-gathered.
 
-Bytes per step (labkit.calc.comm ``dp_step_bytes``): the same as whole-model ZeRO-2/3 (every unit
-gathered twice per microbatch under ZeRO-3, every gradient reduce-scattered once per microbatch).
-``with dp.recording() as rec`` (probe.py; a plain run records nothing): ``rec.events`` the order of
-gathers, computations, frees and reduce-scatters (the prefetch shown by order); ``rec.samples`` the
-live parameter bytes at every unit boundary (the CPU has no allocator peak to read). The
-whole-model versions stay in zero.py, where the data-parallelism lab uses them to teach.
+Bytes per step (labkit.calc.comm ``dp_step_bytes``): as whole-model ZeRO-2/3 (every unit gathered
+twice per microbatch under ZeRO-3, every gradient reduce-scattered once per microbatch).
+``with dp.recording() as rec`` (probe.py): ``rec.events`` the order of gathers, computations, frees
+and reduce-scatters; ``rec.samples`` the live parameter bytes at every unit boundary (the CPU has no
+allocator peak). The whole-model versions stay in zero.py, where the data-parallelism lab teaches.
 """
 from __future__ import annotations
 
@@ -39,64 +39,8 @@ from ..recompute import PHASE
 from .ddp import make_optimizer
 from .member import DataParallelMember
 from .probe import UnitProbe
-from .shard_layout import ShardLayout, optimizer_state_bytes, storage_bytes
-
-
-class Unit:
-    """Some parameters in one flat buffer, sharded over dp; ``users``: modules whose forward needs them."""
-
-    def __init__(self, index: int, name: str, named, users, group: Group, keep_params: bool):
-        self.index, self.name, self.users = index, name, users
-        self.names, self.params = [n for n, _ in named], [p for _, p in named]
-        self.layout = ShardLayout([p.numel() for p in self.params], group.size)
-        self.lo, self.hi = self.layout.shard_range(group.rank)
-        self.flat = self.params[0].new_zeros(self.layout.padded_numel)
-        self.layout.bind(self.params, self.flat)                  # param.data: views of the flat buffer
-        with torch.no_grad():
-            self.flat.copy_(comm.broadcast(group, self.flat, src=0))   # rank 0's weights
-        self.full_bytes = self.flat.untyped_storage().nbytes()
-        shard = self.flat[self.lo:self.hi]
-        self.shard = torch.nn.Parameter(shard if keep_params else shard.clone())
-        self.grad_shard = torch.zeros_like(self.shard)
-        self.work, self.grads_done = None, set()
-
-    @property
-    def gathered(self) -> bool:
-        return self.flat.untyped_storage().nbytes() > 0
-
-
-def units_of(chunks, named, group: Group, keep_params: bool, split=None) -> list[Unit]:
-    """One unit per transformer layer, one for the embedding (and a tied output layer), one for
-    the rest (the head), in forward order; any other module is one unit. ``split(param)``: those
-    params get a unit of their own first ("layer 0 fp8": fp8_gather.py)."""
-    owner = {id(p): n for n, p in named}
-    groups: dict[str, list] = {}
-    users: dict[str, list] = {}
-    for chunk in chunks:
-        layers = getattr(getattr(chunk, "decoder", None), "layers", None)
-        parts = ([("embedding", chunk.embedding)] if getattr(chunk, "embedding", None) is not None else [])
-        parts += [(f"layer {k}", m) for k, m in (layers.items() if layers is not None else [])]
-        if layers is None:
-            parts = [("model", chunk)]
-        for key, module in parts:
-            groups.setdefault(key, []).extend((owner[id(p)], p) for p in module.parameters() if id(p) in owner)
-            users.setdefault(key, []).append(module)
-        head = [m for m in (getattr(getattr(chunk, "decoder", None), "final_layernorm", None),
-                            getattr(chunk, "output_layer", None)) if m is not None]
-        if layers is not None and head:
-            groups.setdefault("head", []).extend((owner[id(p)], p) for m in head for p in m.parameters()
-                                                  if id(p) in owner)
-            users.setdefault("head", []).extend(head)
-            if chunk.output_layer is not None and chunk.output_layer.weight is None and "embedding" in users:
-                users["embedding"].append(chunk.output_layer)      # tied: the logits read the embedding
-    seen, out = set(), []
-    for key, params in groups.items():
-        params = [(n, p) for n, p in params if id(p) not in seen and not seen.add(id(p))]
-        for k, part in ([(key + " fp8", [x for x in params if split(x[1])]),
-                         (key, [x for x in params if not split(x[1])])] if split else [(key, params)]):
-            if part:
-                out.append(Unit(len(out), k, part, users[key], group, keep_params))
-    return out
+from .shard_layout import optimizer_state_bytes, storage_bytes
+from .units import Unit, units_of
 
 
 class _UnitSharded(DataParallelMember):
@@ -280,17 +224,15 @@ class ZeRO3PerLayer(_UnitSharded):
         return self.units[i] if 0 <= i < len(self.units) else None
 
     def _before_forward(self, u: Unit, first: bool) -> None:
-        self._wait(u)
-        # a recomputed forward (recompute.PHASE "again") runs inside the backward, which goes on to
-        # the unit BEFORE this one: prefetch that, not the next (already reduce-scattered and freed)
+        self._wait(u)               # recomputed (PHASE "again"): the backward goes on to the unit before
         nxt = self._neighbour(u, -1 if PHASE.get() == "again" else +1)
         if first and nxt is not None:
             self._issue(nxt)                      # prefetch: gathers while u computes
         self._sample("compute", u)
 
     def _after_forward(self, u: Unit, out) -> None:
-        if PHASE.get() == "again":    # the backward of this recomputation follows at once and reads the
-            return                    # parameters: keep them; freed after the reduce-scatter (_reduce_scatter)
+        if PHASE.get() == "again":    # its backward follows at once: freed after the reduce-scatter
+            return
         self._free(u)
         if torch.is_tensor(out) and out.requires_grad:   # the backward reaches this unit here
             out.register_hook(lambda grad, u=u: self._before_backward(u))
