@@ -228,6 +228,13 @@ def check(cfg: TrainConfig, world_size: int) -> Topology:
     if cfg.pipeline_schedule is not None:
         from .pipeline_parallel.placement import check_schedule
         check_schedule(cfg.pipeline_schedule, cfg.virtual_pipeline_size())
+    if cfg.pipeline_schedule == "zb_h1" and max(tp, cp, topo.ep) > 1:     # found by labkit fuzz, seed 4
+        raise ValueError(f"pipeline_schedule 'zb_h1' with tensor_model_parallel_size {tp}, context_parallel_size "
+                         f"{cp}, expert_model_parallel_size {topo.ep}: labkit's W step walks the backward graph "
+                         f"again (autograd with inputs=the weights, after B kept the graph), so the backward's "
+                         f"TP, CP and EP collectives would run twice; Megatron's zero-bubble schedules split "
+                         f"each linear's backward into dgrad (B) and wgrad (W) instead. Use zb_h1 with pipeline "
+                         f"and data parallelism only")
     _check_context_parallel(cfg, tp, cp)
     _check_moe_layout(cfg, topo)
     return topo

@@ -188,6 +188,19 @@ def test_megatron_layouts_with_the_distributed_optimizer_are_not_drawn():
     assert not any(judged(lay) for lay in _pools(0, 60, None, ("megatron",), 8))   # its 240 draws, filtered
 
 
+def test_zb_h1_is_refused_with_tensor_context_or_expert_parallelism():
+    """Found by seed 4 (its 37th layout, ZB-H1 x TP2 + SP): losses and gradients exact, but the TP
+    collectives of the backward counted twice: labkit's W walks the backward graph again."""
+    base = dict(pipeline_model_parallel_size=2, pipeline_schedule="zb_h1", num_layers=2, micro_batch_size=1,
+                global_batch_size=4)
+    for extra, world in ((dict(tensor_model_parallel_size=2, sequence_parallel=True), 4),
+                         (dict(context_parallel_size=2), 4),
+                         (dict(num_experts=2, expert_model_parallel_size=2), 4)):
+        rule = refusal({"world_size": world, "implementation": "labkit", "config": dict(base, **extra)})
+        assert rule is not None and "zb_h1" in rule and "twice" in rule, (extra, rule)
+    assert refusal({"world_size": 4, "implementation": "labkit", "config": base}) is None    # PP2 x DP2
+
+
 def test_a_finding_filed_in_known_is_reported_as_known_not_new(monkeypatch):
     from labkit.fuzz import known
     from labkit.fuzz.run import Outcome, _classify
