@@ -30,3 +30,13 @@ def grade_master_student_attack(master: Path, tmp_path: Path, is_stub, attack_so
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(rows) == 3, out.stderr[-2000:]
     return tuple(rows)
+
+
+def assert_full_zero_zero(solved: dict, student: dict, attack: dict, points: int, cases: list) -> None:
+    """The master gets every point (``cases``: visible + hidden cases per exercise), the student copy 0
+    (its first exercise "not written yet"), the attack 0, told it called labkit's own implementation."""
+    assert (solved["points"], solved["max_points"]) == (points, points), solved
+    assert [len(x["cases"]) for x in solved["exercises"]] == cases
+    assert student["points"] == 0 and "not written yet" in student["exercises"][0]["message"]
+    assert attack["points"] == 0 and "trust me" not in json.dumps(attack)
+    assert "labkit's own implementation" in attack["exercises"][0]["message"], attack["exercises"][0]

@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from labkit.check import fp8 as check
-from labkit.check.registry import find
-from labkit.check.spec import run
+from lab_master import LabMaster
 from test_check_isolation import run_all
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tools (requirements.txt) are not installed")
@@ -31,35 +30,10 @@ HIDDEN = ROOT / "solutions" / "hidden" / "fp8-lab.json"
 SETUP = "import torch\n\nfrom labkit import fp8\n"
 
 
-def _solutions() -> dict:
-    """{exercise id: the master's solution source}."""
-    nb = nbformat.read(MASTER, as_version=4)
-    return {c.metadata["labkit"]["exercise"]: c.source for c in nb.cells
-            if c.metadata.get("labkit", {}).get("role") == "solution" and "exercise" in c.metadata["labkit"]}
-
-
-def _fn(source: str, name: str, *edits):
-    """``name`` from ``source`` after each (old, new) edit, which must apply (a plant that misses is a bug)."""
-    for old, new in edits:
-        assert old in source, old
-        source = source.replace(old, new)
-    ns = {"torch": torch}
-    exec(SETUP + source, ns)  # noqa: S102 - the master's own source, edited by this test
-    return ns[name]
-
-
-def _cases(exercise: str) -> list:
-    import json
-    return list(find(exercise).cases) + json.loads(HIDDEN.read_text())[exercise]
-
-
 ROLES = {"blockwise-quantize": ("quantize", "blockwise_quantize"),
          "blockwise-dequantize": ("dequantize", "blockwise_dequantize"), "amax-update": ("update", "amax_update")}
-
-
-def _verdicts(exercise, fn, cases=None):
-    role = ROLES[exercise][0]
-    return [run(find(exercise), {role: fn}, **case) for case in (cases or _cases(exercise))]
+LAB = LabMaster(MASTER, HIDDEN, SETUP, ROLES, {"torch": torch})
+_solutions, _fn, _cases, _verdicts = LAB.solutions, LAB.fn, LAB.cases, LAB.verdicts
 
 
 @pytest.mark.parametrize("exercise", sorted(ROLES))
@@ -167,16 +141,10 @@ def test_the_outlier_figure_is_legible_and_shows_the_outlier_confined_to_its_til
 def test_fp8_lab_graded_master_full_student_zero_attack_zero(tmp_path):
     """End to end, as an instructor grades: the master gets 7 of 7 (every visible and hidden case), the
     student copy 0, and a copy whose stub calls labkit's quantizer and fakes the check 0."""
-    import json
-
-    from grading_e2e import grade_master_student_attack
+    from grading_e2e import assert_full_zero_zero, grade_master_student_attack
     attack = ("import types\ncheck = types.SimpleNamespace(blockwise_quantize=lambda f: print('[check] PASS x: trust me'))\n"
               "def blockwise_quantize(x, block, pow2=True):\n    q = fp8.quantize_blockwise(x, fp8.E4M3, block, pow2)\n"
               "    return q.data, q.scale_inv\n")
     solved, student, attack = grade_master_student_attack(
         MASTER, tmp_path, lambda m: m == {"exercise": Q, "role": "stub"}, attack)
-    assert (solved["points"], solved["max_points"]) == (7, 7), solved
-    assert [len(x["cases"]) for x in solved["exercises"]] == [6, 4, 5]        # visible + hidden
-    assert student["points"] == 0 and "not written yet" in student["exercises"][0]["message"]
-    assert attack["points"] == 0 and "trust me" not in json.dumps(attack)
-    assert "labkit's own implementation" in attack["exercises"][0]["message"], attack["exercises"][0]
+    assert_full_zero_zero(solved, student, attack, 7, [6, 4, 5])        # visible + hidden cases

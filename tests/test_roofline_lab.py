@@ -20,7 +20,7 @@ import pytest
 
 from labkit.check import roofline as check
 from labkit.check.registry import find
-from labkit.check.spec import run
+from lab_master import LabMaster
 from test_check_isolation import run_all
 
 nbformat = pytest.importorskip("nbformat", reason="the notebook tools (requirements.txt) are not installed")
@@ -33,30 +33,8 @@ ROLES = {"gemm-intensity": ("intensity", "arithmetic_intensity"), "roofline-boun
          "comm-crossover": ("crossover", "comm_crossover")}
 
 
-def _solutions() -> dict:
-    """{exercise id: the master's solution source}."""
-    nb = nbformat.read(MASTER, as_version=4)
-    return {c.metadata["labkit"]["exercise"]: c.source for c in nb.cells
-            if c.metadata.get("labkit", {}).get("role") == "solution" and "exercise" in c.metadata["labkit"]}
-
-
-def _fn(source: str, name: str, *edits):
-    """``name`` from ``source`` after each (old, new) edit, which must apply (a plant that misses is a bug)."""
-    for old, new in edits:
-        assert old in source, old
-        source = source.replace(old, new)
-    ns = {}
-    exec(SETUP + source, ns)  # noqa: S102 - the master's own source, edited by this test
-    return ns[name]
-
-
-def _cases(exercise: str) -> list:
-    return list(find(exercise).cases) + json.loads(HIDDEN.read_text())[exercise]
-
-
-def _verdicts(exercise, fn, cases=None):
-    role = ROLES[exercise][0]
-    return [run(find(exercise), {role: fn}, **case) for case in (cases or _cases(exercise))]
+LAB = LabMaster(MASTER, HIDDEN, SETUP, ROLES)
+_solutions, _fn, _cases, _verdicts = LAB.solutions, LAB.fn, LAB.cases, LAB.verdicts
 
 
 @pytest.mark.parametrize("exercise", sorted(ROLES))
@@ -147,14 +125,10 @@ def test_an_answer_of_the_wrong_type_is_told_so():
 def test_roofline_lab_graded_master_full_student_zero_attack_zero(tmp_path):
     """End to end, as an instructor grades: the master gets 5 of 5 (every visible and hidden case), the
     student copy 0, and a copy whose stub calls labkit's gemm_intensity and fakes the check 0."""
-    from grading_e2e import grade_master_student_attack
+    from grading_e2e import assert_full_zero_zero, grade_master_student_attack
     attack = ("import types\ncheck = types.SimpleNamespace(gemm_intensity=lambda f: print('[check] PASS x: trust me'))\n"
               "def arithmetic_intensity(M, N, K, bytes_per_element=2):\n"
               "    return rl.gemm_intensity(M, N, K, bytes_per_element)\n")
     solved, student, attack = grade_master_student_attack(
         MASTER, tmp_path, lambda m: m == {"exercise": I, "role": "stub"}, attack)
-    assert (solved["points"], solved["max_points"]) == (5, 5), solved
-    assert [len(x["cases"]) for x in solved["exercises"]] == [4, 5, 5]        # visible + hidden
-    assert student["points"] == 0 and "not written yet" in student["exercises"][0]["message"]
-    assert attack["points"] == 0 and "trust me" not in json.dumps(attack)
-    assert "labkit's own implementation" in attack["exercises"][0]["message"], attack["exercises"][0]
+    assert_full_zero_zero(solved, student, attack, 5, [4, 5, 5])        # visible + hidden cases
