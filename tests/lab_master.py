@@ -40,3 +40,12 @@ class LabMaster:
     def verdicts(self, exercise: str, fn, cases=None) -> list:
         role = self.roles[exercise][0]
         return [run(find(exercise), {role: fn}, **case) for case in (cases or self.cases(exercise))]
+
+    def check_plant(self, exercise: str, edits, case, words: str, hint: str) -> None:
+        """The master's solution with ``edits`` planted fails case ``case`` (an index into visible +
+        hidden; None: any) with ``words`` in its message and ``hint`` in its hint."""
+        fn = self.fn(self.solutions()[exercise], self.roles[exercise][1], *edits)
+        cases = self.cases(exercise)
+        failed = [r for r in self.verdicts(exercise, fn, [cases[case]] if case is not None else cases) if not r]
+        assert failed, f"the planted answer passed: {edits}"
+        assert words in failed[0].message and hint in failed[0].hint, failed[0].line()
