@@ -28,3 +28,21 @@ def test_dp_bf16_envelope_inside_derived_and_a_planted_bug_outside():
     clean = run(world, {**MODEL, **layout}, "bf16", 0, 3)
     assert decide(series_from_json(clean), series_from_json(one), "DP", "bf16", env).within
     assert one_device({**MODEL, **layout}) == MODEL
+
+
+def test_the_shard_boundary_bug_acts_wherever_a_shard_is_held():
+    """The planted shard-boundary bug once zeroed only a member's ``shard.grad`` (fp32 ZeRO-1). Under
+    bf16 the distributed optimizer reads ``main_grad``, and ZeRO-2/3 hold a shard per unit, so there
+    it was a no-op: bench_drift scored it "missed" (its run equalled the clean run bit for bit) and
+    the fuzzer rarely met a layout it acted on. Now each holder loses its boundary element: step 1's
+    gradients differ from the clean run's, the losses from step 2 on."""
+    from labkit.debug.bugs import BUGS
+    bug = BUGS["dist_opt_shard_off_padded_vocab"]
+    base = {**MODEL, **bug.layout, "global_batch_size": 8}          # 2 microbatches per rank
+    zero3 = {k: v for k, v in base.items() if k != "use_distributed_optimizer"} | {"zero_stage": 3}
+    for precision, kw in (("bf16", base), ("fp32", zero3)):
+        planted = run(bug.world_size, kw, precision, 0, 2, bug=bug.name)
+        clean = run(bug.world_size, kw, precision, 0, 2)
+        d = differences(planted, clean)
+        assert d["grads_step1"] > 1e-4, (precision, d)
+        assert d["loss"][0] == 0 and d["loss"][1] > 0, (precision, d)

@@ -121,10 +121,14 @@ def _dist_opt_shard_off_padded_vocab(engine, topo, groups, cfg):
     if not WHEN["dist_opt_shard_off_padded_vocab"](cfg, topo):   # unpadded: the boundaries are right
         return
 
-    def shift():
-        for m in engine.dp.members:
-            if getattr(m, "lo", 0) > 0 and getattr(m, "shard", None) is not None and m.shard.grad is not None:
-                m.shard.grad[0] = 0.0                    # the boundary element: in nobody's shard
+    def shift():                # every holder of a shard: a member, or each unit of ZeRO-2/3 by units
+        for h in (h for m in engine.dp.members for h in getattr(m, "units", [m])):
+            if getattr(h, "lo", 0) <= 0:
+                continue
+            if getattr(h, "shard", None) is not None and h.shard.grad is not None:
+                h.shard.grad[0] = 0.0                    # the boundary element: in nobody's shard
+            elif getattr(h, "main_grad", None) is not None:
+                h.main_grad[h.lo] = 0.0                  # mixed precision: main_grad, before the masters read it
     _after_grad_sync(engine, shift)
 
 
