@@ -65,7 +65,7 @@ def test_precision_is_passed_through():
     assert unit_roundoff({"fp8": {"fp8_format": "e4m3"}}) == 2.0 ** -4
     with pytest.raises(ValueError, match="precision must be one of"):
         precision_kwargs("fp4")
-    assert set(PRECISIONS) == {"fp32", "bf16", "fp16", "fp8 tensorwise", "fp8 delayed"}
+    assert set(PRECISIONS) == {"fp32", "bf16", "fp16", "fp8 tensorwise", "fp8 delayed", "fp8 blockwise", "fp8 mxfp8"}
 
 
 # -- layouts ------------------------------------------------------------------------------------------

@@ -32,7 +32,10 @@ UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8,
 PRECISIONS = {"fp32": {}, "bf16": {"bf16": True}, "fp16": {"fp16": True, "loss_scale": 2.0 ** 10},
               # FP8 GEMMs (hybrid: E4M3 forward, E5M2 gradients), the rest fp32 (chapter "FP8")
               "fp8 tensorwise": {"fp8": "hybrid", "fp8_recipe": "tensorwise"},
-              "fp8 delayed": {"fp8": "hybrid", "fp8_recipe": "delayed"}}
+              "fp8 delayed": {"fp8": "hybrid", "fp8_recipe": "delayed"},
+              # E4M3 throughout, as DeepSeek-V3's blockwise recipe and Transformer Engine's MXFP8 default
+              "fp8 blockwise": {"fp8": "e4m3", "fp8_recipe": "blockwise"},
+              "fp8 mxfp8": {"fp8": "e4m3", "fp8_recipe": "mxfp8"}}
 
 
 def precision_kwargs(precision) -> dict:
