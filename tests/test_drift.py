@@ -177,3 +177,16 @@ def test_envelope_figure_is_legible_on_a_phone():
             "derived": derived_band(3, 2.0 ** -8, 8), "probabilistic": probabilistic_band(3, 2.0 ** -8, 8)}
     table = {"cells": {f: {"bf16": cell, "fp32": dict(cell, u=2.0 ** -24)} for f in FAMILIES}}
     assert smallest_label_px(svg(envelopes(table, ("fp32", "bf16")))) >= MIN_LABEL_PX
+
+
+def test_leave_one_out_counts_a_pair_beyond_the_others_band():
+    """Three clean pairs: two drift 1e-6, the third 1e-5. Judged by the others' band at margin 4,
+    the third is outside (10x > 4x) and the first two are within; at margin 20 none is."""
+    from labkit.drift.decide import leave_one_out
+
+    def pair(d):
+        return {"loss": [d, d], "grad_norm": [d, d], "grads_step1": d}
+    env = {"cells": {"DP": {"bf16": {"pairs": [pair(1e-6), pair(1e-6), pair(1e-5)]}},
+                     "CP": {"bf16": {"pairs": [pair(1e-6)]}}}}        # one pair: nothing to leave out
+    assert leave_one_out(env, "bf16", 4.0) == (1, 3)
+    assert leave_one_out(env, "bf16", 20.0) == (0, 3)

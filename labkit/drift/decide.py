@@ -167,3 +167,19 @@ def decide(a: Series, b: Series, family: str, precision: str, envelopes: dict) -
 def load_envelopes(path: str = "data/envelopes.json") -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def leave_one_out(envelopes: dict, precision: str = "bf16", margin: float = MARGIN) -> tuple[int, int]:
+    """(flagged, judged): each stored clean pair of every family's ``precision`` cell judged against
+    the band of the cell's other pairs at ``margin``: the false-alarm rate to expect on a new seed,
+    from the envelopes' own runs (no held-out pair needed to choose the margin)."""
+    from .measure import band
+    flagged = judged = 0
+    for by_prec in envelopes["cells"].values():
+        pairs = by_prec.get(precision, {}).get("pairs", [])
+        for i, pair in enumerate(pairs if len(pairs) > 1 else []):
+            rest = band(pairs[:i] + pairs[i + 1:])
+            worst = _worst([(k, ch, d, threshold(rest[ch], k, 2 * U32, margin))
+                            for ch in CHANNELS for k, d in enumerate(pair[ch], 1)])
+            flagged, judged = flagged + (worst > 1), judged + 1
+    return flagged, judged
