@@ -259,3 +259,7 @@ def test_an_expert_given_no_token_quantizes_to_empty():
     for shape in ((0, 8), (8, 0)):
         q = fp8.quantize_with_scale(torch.empty(shape), scale, E4M3)
         assert tuple(q.data.shape) == shape and q.dequantize().numel() == 0
+    for quantize in (fp8.quantize_blockwise, fp8.quantize_mxfp8, fp8.quantize_tensorwise):
+        for shape in ((0, 64), (64, 0)):         # blockwise and MXFP8 once reshaped (-1, 0): an error
+            q = quantize(torch.empty(shape), E4M3)
+            assert tuple(q.data.shape) == shape and q.dequantize().numel() == 0, (quantize.__name__, shape)

@@ -99,14 +99,15 @@ def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor, fmt: Format) -> Qu
 
 def quantize_tensorwise(x: torch.Tensor, fmt: Format, amax: torch.Tensor | None = None) -> Quantized:
     """Current scaling: one scale from this tensor's own amax (or a given, e.g. group-reduced, one)."""
-    amax = x.float().abs().max() if amax is None else amax
+    if amax is None:                         # no values (an expert given no token): amax 0, scale 1
+        amax = x.float().abs().max() if x.numel() else torch.zeros(())
     return quantize_with_scale(x, current_scale(amax, fmt), fmt)
 
 
 def quantize_blockwise(x: torch.Tensor, fmt: Format, block=(1, 128), pow2: bool = True) -> Quantized:
     """Blockwise scaling (DeepSeek-V3 section 3.3.1): a scale per (bm, bn) block of the 2-D x, from
     that block's amax; powers of two by default (Transformer Engine's Float8BlockScaling)."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])   # not (-1, C): an expert given no token is [C, 0]
     scale = current_scale(block_amax(x2, block), fmt, pow2=pow2)
     return Quantized(_apply(x2, scale, block, fmt), 1.0 / scale, tuple(block), fmt)
 
@@ -114,7 +115,7 @@ def quantize_blockwise(x: torch.Tensor, fmt: Format, block=(1, 128), pow2: bool 
 def quantize_mxfp8(x: torch.Tensor, fmt: Format, block_size: int = 32) -> Quantized:
     """MXFP8 (OCP MX v1.0): 1 x 32 blocks along the last dim, scale 2^(floor(log2 amax) - emax)
     stored as E8M0; a block holding NaN or inf gets the NaN scale (0xFF), so it dequantizes to NaN."""
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])   # an expert given no token: [0, C] or [C, 0]
     amax = block_amax(x2, (1, block_size))
     e = e8m0_exponent(torch.nan_to_num(amax, nan=0.0, posinf=0.0), fmt)
     bad = ~torch.isfinite(amax)
