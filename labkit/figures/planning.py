@@ -1,5 +1,6 @@
-"""Figures of the chapter "Planning a run": the attention curves the step-time model reads, its
-predictions against published measurements, its residuals, and its error per source.
+"""Figures of the chapter "Planning a run": the planner as a flow with its counts (``fig_plan_flow``),
+the attention curves the step-time model reads, its predictions against published measurements, its
+residuals, and its error per source.
 
 Each function takes plain data that ``labkit.calc`` (kernels, runs, evaluate) computes and returns
 a figure in the house style (``labkit.figures.new``); the notebook shows it with ``show``.
@@ -121,4 +122,80 @@ def error_by_source(rows: list):
     ax.plot([], [], "x", color="#d1495b", mew=1.6, label="13-constant model")
     ax.set(xlabel="median |error|, source left out of the fit (%)", xlim=(0, None))
     ax.legend(loc="lower right", frameon=False)
+    return fig
+
+
+RULE_WORDS = (("global_batch_size", "batch"), ("micro_batch_size", "mb"), ("num_layers", "layers"),
+              ("num_attention_heads", "heads"), ("with sequence_parallel, ", ""), ("seq_length", "seq"))
+
+
+def _rule(reason: str) -> str:
+    """'rule: num_layers divisible by PP; 80 % 3 != 0' -> 'layers divisible by PP' (short names)."""
+    name = reason.removeprefix("rule: ").split(";")[0].split(" (")[0]
+    for long, short in RULE_WORDS:
+        name = name.replace(long, short)
+    return name
+
+
+def fig_plan_flow(model_name: str = "megatron-145b", cluster_name: str = "dgx-a100", nodes: int = 192,
+                  global_batch_size: int = 2304, micro_batch_sizes=(1, 2, 4), recompute=("selective", "full")):
+    """The planner as a flow, top to bottom, with the counts ``calc.plan`` returns for these inputs:
+    every candidate layout (``candidate_layouts``), those Megatron's rules refuse (``validate``; the
+    most frequent rules named), those that do not fit in memory (``peak_memory`` over the stages),
+    those costed (``step_time``) and the winner of the ranking by tokens per second."""
+    from collections import Counter
+
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    from .. import calc
+    from ..calc.planner import candidate_layouts
+    model, cluster = calc.model(model_name), calc.CLUSTERS[cluster_name].with_(nodes=nodes)
+    search = dict(micro_batch_sizes=micro_batch_sizes, recompute=recompute)
+    result = calc.plan(model, cluster, global_batch_size, **search)
+    rules = Counter(_rule(r) for par, r in candidate_layouts(model, cluster, global_batch_size, **search) if par is None)
+    if sum(rules.values()) != result["invalid"]:
+        raise ValueError("the planner's refusals and candidate_layouts' disagree")
+    ranked, best = result["ranked"], result["ranked"][0] if result["ranked"] else None
+    n_all = len(ranked) + result["too_big"] + result["invalid"]
+    gpu = cluster.gpu
+    W, box_h, gap, x1 = 5.0, 0.48, 0.26, 2.55              # data units are inches; x1: main column's right
+    stages = [
+        (f"candidate_layouts: {n_all:,}\nTP x PP x mb x recompute", None),
+        ("validate: Megatron's rules", [f"{result['invalid']:,} break a rule, most:"]
+         + [f"{n:,}: {name}" for name, n in rules.most_common(2)]),
+        (f"peak_memory, every stage\n<= {result['capacity'] / gpu.memory_bytes:.0%} of {gpu.memory_bytes / 2**30:.0f} GiB",
+         [f"{result['too_big']:,} do not fit"]),
+        (f"step_time of {len(ranked):,} layouts\ncompute, bubble, comm", None),
+        ("rank by tokens/s", [f"TP {best['tp']} PP {best['pp']} DP {best['dp']} mb {best['micro_batch_size']}",
+                              f"{best['recompute']} recompute", f"{best['tokens_per_s']:,.0f} tokens/s"]
+         if best else ["no layout fits"]),
+    ]
+    top = 0.1 + box_h + gap
+    H = top + len(stages) * (box_h + gap)
+    fig, ax = new(W, H)
+    inputs = (f"model\n{model_name}", f"cluster\n{nodes} x {cluster.gpus_per_node} {gpu.name}",
+              f"global batch\n{global_batch_size:,}")
+    widths = (1.45, 2.15, 1.2)
+    x = 0.05
+    for text, w in zip(inputs, widths):                # the three inputs side by side
+        ax.add_patch(FancyBboxPatch((x, 0.1), w, box_h, boxstyle="round,pad=0,rounding_size=0.06",
+                                    fc="#eeeeee", ec="#888888"))
+        ax.text(x + w / 2, 0.1 + box_h / 2, text, ha="center", va="center")
+        x += w + 0.05
+    arrow = dict(arrowstyle="-|>", mutation_scale=12, color="black", lw=1.2)
+    for i, (text, side) in enumerate(stages):
+        y = top + i * (box_h + gap)
+        ax.add_patch(FancyArrowPatch((x1 / 2, y - gap), (x1 / 2, y), **arrow))
+        final = i == len(stages) - 1
+        ax.add_patch(FancyBboxPatch((0.05, y), x1 - 0.05, box_h, boxstyle="round,pad=0,rounding_size=0.06",
+                                    fc="#1b6ca8" if final else "#dbe8f3", ec="#1b6ca8"))
+        ax.text(x1 / 2, y + box_h / 2, text, ha="center", va="center", color="white" if final else "black")
+        if side:
+            ax.add_patch(FancyArrowPatch((x1, y + box_h / 2), (x1 + 0.25, y + box_h / 2), **arrow))
+            ax.text(x1 + 0.3, y + box_h / 2, "\n".join(side), va="center",
+                    color="#1b6ca8" if final else "#d1495b")
+    ax.set_xlim(0, W)
+    ax.set_ylim(H, 0)
+    ax.axis("off")
+    fig.subplots_adjust(0, 0, 1, 1)
     return fig

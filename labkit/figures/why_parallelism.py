@@ -4,6 +4,7 @@ Each function returns a matplotlib Figure in the book's house style (``labkit.fi
 notebook shows it with ``labkit.figures.show(fig)``. Every number drawn comes from the calculators
 the tests check (``labkit.calc``) or from the stored measurement (``data/``), never typed here.
 
+* :func:`fig_memory_cuts`     one GPU's memory, part by part, and the axes and knobs that shrink each
 * :func:`memory_anatomy`      what one GPU holds: weights, gradients, optimizer states, activations
 * :func:`activations_by_layout` one layer's activations per layout (Korthikanti et al. 2022, Table 2)
 * :func:`zero_stages`         model states per GPU under ZeRO stages 0-3
@@ -126,4 +127,95 @@ def measured_mfu(run: dict, paper_range: tuple[float, float]):
     ax.set_ylabel("MFU, % of peak")
     ax.set_ylim(0, 100 * hi * 1.35)
     ax.legend(loc="upper left", frameon=False)
+    return fig
+
+
+
+# What cuts what: each knob is turned on a probe layout and labkit.calc says which part of pipeline
+# stage 0's memory falls. (label, model or None for the figure's, base layout, layout with the knob)
+KNOBS = (("TP", None, {"world_size": 1}, {"world_size": 2, "tensor_model_parallel_size": 2}),
+         ("SP", None, {"world_size": 2, "tensor_model_parallel_size": 2},
+          {"world_size": 2, "tensor_model_parallel_size": 2, "sequence_parallel": True}),
+         ("PP", None, {"world_size": 1}, {"world_size": 2, "pipeline_model_parallel_size": 2}),
+         ("CP", None, {"world_size": 1}, {"world_size": 2, "context_parallel_size": 2}),
+         ("EP (MoE)", "mixtral-8x7b", {"world_size": 2}, {"world_size": 2, "expert_model_parallel_size": 2}),
+         ("DP", None, {"world_size": 1}, {"world_size": 2}),
+         ("ZeRO-1", None, {"world_size": 2}, {"world_size": 2, "zero_stage": 1}),
+         ("ZeRO-2", None, {"world_size": 2}, {"world_size": 2, "zero_stage": 2}),
+         ("ZeRO-3", None, {"world_size": 2}, {"world_size": 2, "zero_stage": 3}),
+         ("full recompute", None, {"world_size": 1}, {"world_size": 1, "recompute_granularity": "full"}))
+AXIS_CHIPS = ("TP", "SP", "PP", "CP", "EP (MoE)", "DP")     # dark chips; knobs (ZeRO, recompute) light
+# A cut is a fall of at least 15%: SP's is 20% here (it halves the 10h of a layer's 36h per token
+# that TP leaves whole: norm inputs, dropout masks);
+# PP's 11% on stage 0 is the logits moving to the last stage, not a cut of the layers' activations.
+CUT = 0.15
+
+
+def memory_cuts(model_name: str = "gpt2-774m", micro_batch_size: int = 8) -> dict:
+    """{part: [knob labels]}: the knobs of :data:`KNOBS` under which labkit.calc's bytes of that part
+    on the GPU that holds the most of it (the peak over pipeline stages) fall by at least
+    ``CUT`` (the same micro batch, 8 microbatches per step, flash attention). Of the ZeRO stages
+    only the lowest that cuts a part is kept; "none" lists the knobs that cut no part. PP is not
+    listed for activations: under 1F1B the first stage keeps p microbatches of L/p layers."""
+    import labkit.calc as calc
+    out = {key: [] for key, _, _ in PARTS} | {"none": []}
+    for label, other, base, knob in KNOBS:
+        model = calc.model(other or model_name)
+        rows = []
+        for kw in (base, knob):
+            par = calc.ParallelConfig(micro_batch_size=micro_batch_size, **kw)
+            par = par.with_(global_batch_size=8 * micro_batch_size * par.dp)
+            stages = calc.memory_per_stage(model, par, attention="flash")
+            rows.append({key: max(r[key] for r in stages) for key, _, _ in PARTS})
+        cut = [key for key, _, _ in PARTS if rows[1][key] <= (1 - CUT) * rows[0][key]]
+        for key in cut:
+            if not (label.startswith("ZeRO") and any(k.startswith("ZeRO") for k in out[key])):
+                out[key].append(label)
+        out["none"] += [] if cut else [label]
+    return out
+
+
+def fig_memory_cuts(model_name: str = "gpt2-774m", micro_batch_size: int = 8):
+    """One GPU's memory as a box (labkit.calc's bytes for ``model_name`` trained alone, flash
+    attention), its four parts with Megatron's bytes per parameter, and beside each part the axes
+    (dark) and knobs (light) that shrink it, as :func:`memory_cuts` finds them in labkit.calc."""
+    from matplotlib.patches import Rectangle
+
+    import labkit.calc as calc
+    p = calc.MIXED_18
+    row = calc.memory_per_stage(calc.model(model_name), calc.ParallelConfig(micro_batch_size=micro_batch_size),
+                                p, attention="flash")[0]
+    cuts = memory_cuts(model_name, micro_batch_size)
+    what = {"params": f"weights: {p.bytes_param} B/param (bf16)",
+            "grads": f"gradients: {p.bytes_grad} B/param (fp32 main_grad)",
+            "optimizer": f"optimizer: {p.sharded_bytes} B/param (fp32 copy, Adam m, v)",
+            "activations": "activations: per layer, per microbatch held"}
+    W, H, top, bottom = 5.0, 3.5, 0.45, 3.05           # data units are inches (subplots_adjust below)
+    fig, ax = new(W, H)
+    scale, y, mids = (bottom - top) / row["total"], bottom, {}
+    for key, _, colour in PARTS:                       # stacked bottom-up: weights first
+        hgt = row[key] * scale
+        ax.add_patch(Rectangle((0.1, y - hgt), 0.75, hgt, fc=colour, ec="white", lw=1))
+        mids[key], y = y - hgt / 2, y - hgt
+    ax.text(0.475, top - 0.06, f"{row['total'] / GIB:.0f} GiB", ha="center", va="bottom")
+    ax.text(0.475, bottom + 0.06, "one GPU", ha="center", va="top")
+    step = (bottom - top) / len(PARTS)
+    for i, (key, _, colour) in enumerate(reversed(PARTS)):   # listed top-down, as stacked
+        ty = top + (i + 0.25) * step
+        ax.plot([0.87, 1.0, 1.12], [mids[key], mids[key], ty], color=colour, lw=1.2)
+        ax.text(1.17, ty, what[key], va="center", color=colour)
+        x = 1.22
+        for label in cuts[key]:
+            dark = label in AXIS_CHIPS
+            ax.text(x, ty + 0.3, label, va="center", color="white" if dark else "black",
+                    bbox=dict(boxstyle="round,pad=0.25", fc="#333333" if dark else "#dddddd", ec="none"))
+            x += 0.075 * len(label) + 0.25               # about one 10 pt character each, and a gap
+    none = cuts["none"]
+    note = ("DP alone shrinks none of them: it splits the batch" if none == ["DP"]
+            else f"shrink none of them: {', '.join(none)}" if none else "")
+    ax.text(1.17, bottom + 0.06, note, va="top")
+    ax.set_xlim(0, W)
+    ax.set_ylim(H, 0)
+    ax.axis("off")
+    fig.subplots_adjust(0, 0, 1, 1)
     return fig
