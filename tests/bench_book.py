@@ -89,11 +89,12 @@ def measure(browser, base: str, page: str, interact: bool = True) -> dict:
         const fcp = performance.getEntriesByType('paint').find(e => e.name === 'first-contentful-paint');
         const boxes = [...document.querySelectorAll('figure.labkit-explorer, .labkit-calc')];
         return {load: nav.loadEventStart, fcp: fcp ? fcp.startTime : null,
-                explorers: boxes.map(b => [b.dataset.explorer || ('calculator ' + b.dataset.calc),
-                                           +b.dataset.firstAnswerMs])};
+                explorers: boxes.map(b => [b.dataset.explorer || (b.dataset.play ? 'player ' + b.dataset.play :
+                                           b.classList.contains('labkit-roofline') ? 'roofline' : 'calculator ' + b.dataset.calc),
+                                           b.dataset.firstAnswerMs ? +b.dataset.firstAnswerMs : null])};
     }""")
     out = {"page": page, "fcp_ms": timing["fcp"], "load_ms": timing["load"],
-           "explorers": [{"kind": k, "first_answer_ms": t, "after_load_ms": t - timing["load"]}
+           "explorers": [{"kind": k, "first_answer_ms": t, "after_load_ms": None if t is None else t - timing["load"]}
                          for k, t in timing["explorers"]]}
     time.sleep(0.3)   # responses still being read
     loaded = dict(sizes)   # what reading the page costs; interactions below may fetch more (Python)
@@ -195,7 +196,8 @@ def table(rows: list, extra: dict) -> str:
              "explorers: first answer ms after load | interactions |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ex = "; ".join(f"{e['kind']} {e['after_load_ms']:+.0f}" for e in r["explorers"]) or "-"
+        ex = "; ".join(f"{e['kind']} " + ("not drawn" if e["after_load_ms"] is None else f"{e['after_load_ms']:+.0f}")
+                       for e in r["explorers"]) or "-"
         inter = "; ".join(f"{k.replace('_ms', '')} {v:,.0f}" for k, v in r.items()
                           if k.endswith("_ms") and k not in ("fcp_ms", "load_ms") and v is not None) or "-"
         if r.get("interaction_gzip_bytes", 0) >= 1024:

@@ -532,6 +532,22 @@ def test_python_starts_on_idle_after_first_paint_with_progress(site):
     pg.context.close()
 
 
+def test_a_chapter_page_only_read_never_downloads_python(site):
+    """why-parallelism's memory explorer answers any layout from its closed form in the page, so a
+    reader who only reads the chapter must not pay for Python (6-7 MB gzip): nothing of Pyodide is
+    requested after the page loaded and sat idle, until a control is reached for."""
+    browser, base = site
+    pg, errors, _outside = _open(browser, base, "book/why-parallelism.html", 1400)
+    asked = []
+    pg.on("request", lambda r: asked.append(r.url) if "pyodide" in r.url else None)
+    pg.wait_for_timeout(4000)                      # past requestIdleCallback's 3 s timeout
+    assert not asked and pg.evaluate("() => window.labkitExplorers.pythonLog.length") == 0, asked
+    pg.locator("figure[data-explorer=memory] select, figure[data-explorer=memory] input").first.focus()
+    pg.wait_for_function("() => window.labkitExplorers.pythonLog.length > 0", timeout=30_000)
+    assert not errors, errors
+    pg.context.close()
+
+
 @pytest.mark.parametrize("world, tp, cp, pp, ep", [(24, 3, 1, 2, 1), (48, 3, 2, 2, 4), (40, 5, 1, 1, 1), (36, 1, 3, 3, 2)])
 def test_rank_grid_takes_any_whole_numbers(tools, world, tp, cp, pp, ep):
     box = tools.locator("figure[data-explorer=rank-grid]").first

@@ -87,14 +87,13 @@
       }
       return cacheLoad;
     }
-    // Python starts when a reader first reaches for a control, so it is warm by the time a change
-    // needs it; a page that is only read never downloads it.
-    // Python starts on idle after first paint (X.warmOnIdle), or at once when a reader reaches for
-    // a control first; its progress shows in the status line while an answer waits for it.
+    // On a chapter page Python (6-7 MB gzip) starts only when a reader first reaches for a control:
+    // the page answers any layout at once from the closed form (memory-formula.js) and Python adds
+    // Megatron's estimate when it is ready; a page that is only read never downloads it. The
+    // calculators page warms it on idle (calculators.js). Its progress shows in the status line.
     const warm = () => { loadCache(); X.python().catch(() => {}); };
     controls.addEventListener("pointerdown", warm, { once: true });
     controls.addEventListener("focusin", warm, { once: true });
-    X.warmOnIdle();
     window.addEventListener("labkit-python", (e) => {
       fig.dataset.python = e.detail.state;
       if (fig.dataset.state === "computing" && e.detail.state !== "ready") status.textContent = X.pythonText(e.detail);

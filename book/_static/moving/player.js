@@ -104,6 +104,7 @@
       svg.setAttribute("aria-label", words);
       counter.textContent = `step ${frame} / ${count() - 1}`;
       fig.dataset.frame = String(frame);
+      if (!fig.dataset.firstAnswerMs) fig.dataset.firstAnswerMs = performance.now().toFixed(1);   // tests/bench_book.py
       fig.classList.toggle("mv-still", reduced());
     }
     function stop() { if (timer) clearInterval(timer); timer = null; play.textContent = "▶ play"; play.setAttribute("aria-label", "play"); fig.dataset.playing = ""; }
