@@ -87,18 +87,21 @@ def fig_fuzz_loop(data: dict | None = None):
     arrow((right + 0.2, y + 0.11), (right, y + 0.11), COLOURS["finding"])
     ax.text(right + 0.28, y + 0.21, "fails alike:\nkeep it", va="center", fontsize=SMALL_PT,
             color=COLOURS["finding"])
-    # below: the planted bugs, how many seeds found each within the budget, and when
-    y = top + 0.1
-    ax.text(x0, y, "planted bug", va="top", fontsize=SMALL_PT, fontweight="bold")
-    ax.text(width - 0.05, y, f"found ({data['budget']} layouts per seed)", va="top", ha="right",
-            fontsize=SMALL_PT, fontweight="bold")
-    for j, b in enumerate(bugs, 1):
-        when = f", median {b['median']:g}" if b["found"] else ""
-        ax.text(x0, y + 0.2 * j, b["name"], va="top", fontsize=SMALL_PT, family="DejaVu Sans Mono")
-        ax.text(width - 0.05, y + 0.2 * j, f"{b['found']} of {b['seeds']} seeds{when}", va="top", ha="right",
-                fontsize=SMALL_PT)
+    _bug_table(ax, bugs, data["budget"], x0, top + 0.1, width - 0.05)
     ax.set_xlim(0, width)
     ax.set_ylim(height, -0.05)
     ax.axis("off")
     fig.subplots_adjust(0, 0, 1, 1)
     return fig
+
+
+def _bug_table(ax, bugs: list, budget: int, x0: float, y: float, right: float) -> None:
+    """Below the loop: each planted bug, how many seeds found it within ``budget``, and when."""
+    ax.text(x0, y, "planted bug", va="top", fontsize=SMALL_PT, fontweight="bold")
+    ax.text(right, y, f"found ({budget} layouts per seed)", va="top", ha="right",
+            fontsize=SMALL_PT, fontweight="bold")
+    for j, b in enumerate(bugs, 1):
+        when = f", median {b['median']:g}" if b["found"] else ""
+        ax.text(x0, y + 0.2 * j, b["name"], va="top", fontsize=SMALL_PT, family="DejaVu Sans Mono")
+        ax.text(right, y + 0.2 * j, f"{b['found']} of {b['seeds']} seeds{when}", va="top", ha="right",
+                fontsize=SMALL_PT)
